@@ -1,0 +1,1 @@
+"""Deterministic synthetic data generators (Nexmark auctions) for demos, tests and benchmarks."""

@@ -1,0 +1,120 @@
+"""``octo``: run, explain, reset and demo streaming tables.
+
+Exit codes: 0 success, 1 a run failed, 2 a bad project (SQL, unknown table) or usage.
+"""
+from __future__ import annotations
+
+import argparse
+import shutil
+import sys
+from pathlib import Path
+
+from octo_platform.errors import OctoError, RunError
+
+__all__ = ["main"]
+
+
+def _parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="octo", description="Streaming SQL on Spark and Delta Lake")
+    sub = p.add_subparsers(dest="command", required=True)
+
+    def project_opts(sp: argparse.ArgumentParser) -> None:
+        sp.add_argument("--project", default=".", help="project directory; its sql/ folder "
+                        "holds the .sql files (default: current directory)")
+        sp.add_argument("--warehouse", default=None, help="warehouse directory or URI "
+                        "(default: <project>/warehouse)")
+
+    run = sub.add_parser("run", help="run streaming tables")
+    run.add_argument("names", nargs="*", metavar="NAME", help="streaming tables to run")
+    run.add_argument("--all", action="store_true", help="run every streaming table")
+    run.add_argument("--until-idle", action="store_true",
+                     help="process everything available, then exit 0")
+    run.add_argument("--master", default=None, help="Spark master (default: local[2])")
+    run.add_argument("--buckets", type=int, default=8,
+                     help="state buckets per operator (fixed once a table has state)")
+    run.add_argument("--interval", default="1 second",
+                     help="trigger interval of a continuous run (default: 1 second)")
+    project_opts(run)
+
+    explain = sub.add_parser("explain", help="print the logical and physical plan of a table")
+    explain.add_argument("name", metavar="NAME")
+    project_opts(explain)
+
+    reset = sub.add_parser("reset", help="delete a table's changelog, current state and "
+                           "operator state so the next run rebuilds it from all input")
+    reset.add_argument("names", nargs="+", metavar="NAME")
+    project_opts(reset)
+
+    demo = sub.add_parser("demo", help="generate auction data in rounds and run the demo")
+    demo.add_argument("--dir", default=None, help="where to create the demo project "
+                      "(default: a fresh temporary directory)")
+    demo.add_argument("--rounds", type=int, default=3)
+    return p
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = _parser().parse_args(argv)
+    try:
+        if args.command == "run":
+            return _run(args)
+        if args.command == "explain":
+            from octo_platform.project import load_project
+
+            print(load_project(args.project).explain(args.name))
+            return 0
+        if args.command == "reset":
+            return _reset(args)
+        if args.command == "demo":
+            from octo_platform.demo import run_demo
+
+            run_demo(directory=args.dir, rounds=args.rounds)
+            return 0
+    except RunError as e:
+        print(f"octo: error: {e}", file=sys.stderr)
+        return 1
+    except OctoError as e:
+        print(f"octo: error: {e}", file=sys.stderr)
+        return 2
+    return 2
+
+
+def _run(args: argparse.Namespace) -> int:
+    from octo_platform.project import load_project
+
+    project = load_project(args.project)
+    if not args.all and not args.names:
+        print("octo: error: name streaming tables to run, or pass --all", file=sys.stderr)
+        return 2
+    for name in args.names:
+        project.table(name)  # unknown names fail before Spark starts
+    from octo_platform.runtime.runner import run_tables
+    from octo_platform.runtime.session import spark_session
+
+    spark = spark_session(master=args.master)
+    report = run_tables(spark, project, warehouse=args.warehouse,
+                        names=None if args.all else args.names,
+                        until_idle=args.until_idle, buckets=args.buckets,
+                        interval=args.interval)
+    total = len(report.batches)
+    print(f"done: {total} batch(es), {report.dead_letters} dead letter(s)")
+    return 0
+
+
+def _reset(args: argparse.Namespace) -> int:
+    from octo_platform.project import load_project
+    from octo_platform.runtime.pipeline import Layout
+    from octo_platform.runtime.runner import resolve_warehouse
+
+    project = load_project(args.project)
+    layout = Layout(resolve_warehouse(project.root, args.warehouse))
+    for name in args.names:
+        t = project.table(name).name
+        for path in (layout.changelog(t), layout.current(t), layout.internal(t),
+                     layout.dead_letters(t)):
+            shutil.rmtree(Path(path), ignore_errors=True)
+        print(f"reset {t}: its next run rebuilds it from all input")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

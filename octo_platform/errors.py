@@ -1,0 +1,50 @@
+"""One exception hierarchy for the whole package: catch ``OctoError`` to catch ours."""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+__all__ = ["OctoError", "Location", "SqlError", "PlanError", "CatalogError", "RunError"]
+
+
+class OctoError(Exception):
+    """Root of every error octo raises on purpose."""
+
+
+@dataclass(frozen=True)
+class Location:
+    """A place in a SQL file: 1-based line and column plus the text of that line."""
+
+    file: str
+    line: int
+    col: int
+    line_text: str = ""
+
+    def render(self) -> str:
+        caret = " " * max(self.col - 1, 0) + "^"
+        if not self.line_text:
+            return f"{self.file}:{self.line}:{self.col}"
+        return f"{self.file}:{self.line}:{self.col}\n    {self.line_text}\n    {caret}"
+
+
+class SqlError(OctoError):
+    """A SQL file that cannot be parsed or bound; names the file, line and column."""
+
+    def __init__(self, message: str, location: Location | None = None) -> None:
+        self.message = message
+        self.location = location
+        where = f"{location.render()}\n" if location else ""
+        first, _, rest = where.partition("\n")
+        text = f"{first}: {message}" + (f"\n{rest}" if rest else "") if location else message
+        super().__init__(text.rstrip())
+
+
+class PlanError(SqlError):
+    """A query we cannot maintain incrementally (rejected at plan time)."""
+
+
+class CatalogError(OctoError):
+    """An unknown or duplicate source, view or streaming table."""
+
+
+class RunError(OctoError):
+    """A failure while running a streaming table (IO, state mismatch, lock held, ...)."""

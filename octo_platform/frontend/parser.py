@@ -1,0 +1,290 @@
+"""Parse octo SQL files into statements.
+
+A file holds any number of ``CREATE SOURCE``, ``CREATE STREAMING TABLE`` and ``CREATE VIEW``
+statements separated by semicolons. Queries are Spark SQL, parsed with sqlglot; every error
+names the file, line and column of the offending text.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import sqlglot
+from sqlglot import exp
+from sqlglot.dialects.dialect import Dialect
+from sqlglot.errors import ParseError, TokenError
+from sqlglot.tokens import Token, TokenType
+
+from octo_platform.errors import Location, SqlError
+
+__all__ = [
+    "SourceStmt",
+    "TableStmt",
+    "ViewStmt",
+    "Statement",
+    "SqlFile",
+    "parse_file",
+    "parse_sql",
+    "DIALECT",
+]
+
+DIALECT = "spark"
+
+
+class SqlFile:
+    """The text of one SQL file, able to turn offsets into locations."""
+
+    def __init__(self, path: str, text: str) -> None:
+        self.path = path
+        self.text = text
+
+    def location(self, offset: int) -> Location:
+        offset = max(0, min(offset, len(self.text)))
+        line = self.text.count("\n", 0, offset) + 1
+        start = self.text.rfind("\n", 0, offset) + 1
+        end = self.text.find("\n", offset)
+        line_text = self.text[start : end if end >= 0 else len(self.text)]
+        return Location(self.path, line, offset - start + 1, line_text)
+
+    def location_of(self, node: exp.Expression, fallback: int = 0) -> Location:
+        """Where ``node`` (or the first of its descendants sqlglot recorded a position for) is."""
+        for sub in node.walk():
+            if sub.meta.get("start") is not None:
+                return self.location(int(sub.meta["start"]))
+        return self.location(fallback)
+
+    def error(self, message: str, offset: int) -> SqlError:
+        return SqlError(message, self.location(offset))
+
+
+@dataclass(frozen=True)
+class SourceStmt:
+    """``CREATE SOURCE name (col type, ...) WITH (key = 'value', ...)``."""
+
+    name: str
+    columns: tuple[tuple[str, str], ...]
+    options: dict[str, str]
+    file: SqlFile = field(repr=False, compare=False)
+    offset: int = 0
+
+
+@dataclass(frozen=True)
+class TableStmt:
+    """``CREATE STREAMING TABLE name [WITH (...)] AS query``."""
+
+    name: str
+    query: exp.Query
+    options: dict[str, str]
+    sql: str
+    file: SqlFile = field(repr=False, compare=False)
+    offset: int = 0
+
+
+@dataclass(frozen=True)
+class ViewStmt:
+    """``CREATE [OR REPLACE] VIEW name AS query`` (inlined where used)."""
+
+    name: str
+    query: exp.Query
+    sql: str
+    file: SqlFile = field(repr=False, compare=False)
+    offset: int = 0
+
+
+Statement = SourceStmt | TableStmt | ViewStmt
+
+
+def parse_file(path: str | Path) -> list[Statement]:
+    """Parse every statement of one ``.sql`` file."""
+    p = Path(path)
+    return parse_sql(p.read_text(encoding="utf-8"), path=str(p))
+
+
+def parse_sql(text: str, *, path: str = "<sql>") -> list[Statement]:
+    """Parse SQL text holding one or more octo statements."""
+    sql_file = SqlFile(path, text)
+    try:
+        tokens = Dialect.get_or_raise(DIALECT).tokenize(text)
+    except TokenError as e:
+        raise SqlError(f"cannot tokenize SQL: {e}", sql_file.location(0)) from e
+    statements: list[Statement] = []
+    chunk: list[Token] = []
+    for token in [*tokens, None]:
+        if token is None or token.token_type == TokenType.SEMICOLON:
+            if chunk:
+                statements.append(_parse_statement(sql_file, chunk))
+            chunk = []
+        else:
+            chunk.append(token)
+    return statements
+
+
+class _Cursor:
+    def __init__(self, sql_file: SqlFile, tokens: list[Token]) -> None:
+        self.file = sql_file
+        self.tokens = tokens
+        self.i = 0
+
+    def peek(self) -> Token | None:
+        return self.tokens[self.i] if self.i < len(self.tokens) else None
+
+    def offset(self) -> int:
+        tok = self.peek()
+        return tok.start if tok else self.tokens[-1].end + 1
+
+    def word(self) -> str:
+        tok = self.peek()
+        return tok.text.upper() if tok else ""
+
+    def take(self, *words: str) -> bool:
+        """Consume the keywords ``words`` if they come next."""
+        n = len(words)
+        got = [t.text.upper() for t in self.tokens[self.i : self.i + n]]
+        if got == list(words):
+            self.i += n
+            return True
+        return False
+
+    def expect(self, what: str, *words: str) -> None:
+        if not self.take(*words):
+            raise self.error(f"expected {what}")
+
+    def error(self, message: str) -> SqlError:
+        tok = self.peek()
+        found = f", found {tok.text!r}" if tok else " before the end of the statement"
+        return self.file.error(message + found, self.offset())
+
+    def name(self, what: str) -> str:
+        tok = self.peek()
+        if tok is None or tok.token_type in (TokenType.L_PAREN, TokenType.R_PAREN, TokenType.COMMA):
+            raise self.error(f"expected {what}")
+        self.i += 1
+        return tok.text
+
+    def balanced(self) -> tuple[int, int]:
+        """Consume a parenthesised group and return the text span inside it."""
+        if not (tok := self.peek()) or tok.token_type != TokenType.L_PAREN:
+            raise self.error("expected '('")
+        start, depth = tok.end + 1, 0
+        while (tok := self.peek()) is not None:
+            self.i += 1
+            if tok.token_type == TokenType.L_PAREN:
+                depth += 1
+            elif tok.token_type == TokenType.R_PAREN:
+                depth -= 1
+                if depth == 0:
+                    return start, tok.start
+        raise self.file.error("unbalanced parenthesis", start - 1)
+
+    def options(self) -> dict[str, str]:
+        """``WITH (key = value, ...)``; keys are lower-cased, values kept as written."""
+        opts: dict[str, str] = {}
+        if not self.take("WITH"):
+            return opts
+        if not (tok := self.peek()) or tok.token_type != TokenType.L_PAREN:
+            raise self.error("expected '(' after WITH")
+        self.i += 1
+        while True:
+            key_tok = self.peek()
+            if key_tok is None:
+                raise self.error("expected ')' to close WITH (...)")
+            if key_tok.token_type == TokenType.R_PAREN:
+                self.i += 1
+                return opts
+            key = self.name("an option name").lower()
+            if not self.take("="):
+                raise self.error(f"expected '=' after option {key!r}")
+            val = self.peek()
+            if val is None or val.token_type in (TokenType.COMMA, TokenType.R_PAREN):
+                raise self.error(f"expected a value for option {key!r}")
+            self.i += 1
+            if key in opts:
+                raise self.file.error(f"option {key!r} given twice", key_tok.start)
+            opts[key] = val.text
+            if (nxt := self.peek()) is not None and nxt.token_type == TokenType.COMMA:
+                self.i += 1
+
+
+def _parse_statement(sql_file: SqlFile, tokens: list[Token]) -> Statement:
+    cur = _Cursor(sql_file, tokens)
+    start = tokens[0].start
+    if not cur.take("CREATE"):
+        raise cur.error("expected CREATE SOURCE, CREATE STREAMING TABLE or CREATE VIEW")
+    if cur.take("SOURCE"):
+        name = cur.name("a source name")
+        begin, end = cur.balanced()
+        columns = _parse_columns(sql_file, begin, end)
+        options = cur.options()
+        if cur.peek() is not None:
+            raise cur.error("unexpected text after CREATE SOURCE")
+        return SourceStmt(name, columns, options, sql_file, start)
+    if cur.take("STREAMING", "TABLE"):
+        name = cur.name("a table name")
+        options = cur.options()
+        cur.expect("AS", "AS")
+        query, sql = _parse_query(sql_file, cur)
+        return TableStmt(name, query, options, sql, sql_file, start)
+    cur.take("OR", "REPLACE")
+    cur.take("TEMPORARY") or cur.take("TEMP")
+    if cur.take("VIEW"):
+        name = cur.name("a view name")
+        cur.expect("AS", "AS")
+        query, sql = _parse_query(sql_file, cur)
+        return ViewStmt(name, query, sql, sql_file, start)
+    raise cur.error("expected SOURCE, STREAMING TABLE or VIEW after CREATE")
+
+
+def _padded(sql_file: SqlFile, begin: int, end: int) -> str:
+    """The text between offsets, preceded by blanks so sqlglot reports file positions."""
+    prefix = "".join(c if c == "\n" else " " for c in sql_file.text[:begin])
+    return prefix + sql_file.text[begin:end]
+
+
+def _parse_query(sql_file: SqlFile, cur: _Cursor) -> tuple[exp.Query, str]:
+    if cur.peek() is None:
+        raise cur.error("expected a query after AS")
+    begin, end = cur.offset(), cur.tokens[-1].end + 1
+    try:
+        tree = sqlglot.parse_one(_padded(sql_file, begin, end), dialect=DIALECT)
+    except ParseError as e:
+        err = e.errors[0] if e.errors else {}
+        line, col = int(err.get("line", 1)), int(err.get("col", 1))
+        highlight = str(err.get("highlight") or "")
+        offset = _offset_of(sql_file.text, line, col - max(len(highlight) - 1, 0))
+        desc = str(err.get("description") or e).split(". Line")[0]
+        desc = desc.split(" <Token")[0] if "<Token" in desc else desc
+        raise SqlError(f"syntax error: {desc}", sql_file.location(offset)) from e
+    if not isinstance(tree, exp.Query):
+        raise sql_file.error("expected a SELECT query after AS", begin)
+    return tree, sql_file.text[begin:end].strip()
+
+
+def _offset_of(text: str, line: int, col: int) -> int:
+    pos = 0
+    for _ in range(line - 1):
+        nxt = text.find("\n", pos)
+        if nxt < 0:
+            break
+        pos = nxt + 1
+    return pos + max(col - 1, 0)
+
+
+def _parse_columns(sql_file: SqlFile, begin: int, end: int) -> tuple[tuple[str, str], ...]:
+    body = sql_file.text[begin:end]
+    if not body.strip():
+        raise sql_file.error("a source needs at least one column", begin)
+    try:
+        tree = sqlglot.parse_one(f"CREATE TABLE t ({body})", dialect=DIALECT)
+    except ParseError as e:
+        raise sql_file.error(f"cannot parse the column list: {e.errors[0]['description']}", begin) from e
+    schema = tree.this
+    columns: list[tuple[str, str]] = []
+    for col in schema.expressions:
+        if not isinstance(col, exp.ColumnDef) or col.args.get("kind") is None:
+            raise sql_file.error(f"expected 'name TYPE', found {col.sql(DIALECT)!r}", begin)
+        columns.append((col.name, col.args["kind"].sql(DIALECT)))
+    names = [c.lower() for c, _ in columns]
+    for c in names:
+        if names.count(c) > 1:
+            raise sql_file.error(f"column {c!r} declared twice", begin)
+    return tuple(columns)

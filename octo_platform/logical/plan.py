@@ -1,0 +1,152 @@
+"""Logical plan: changelog operators with derived changelog mode and primary key.
+
+Pure data (no Spark, no sqlglot). Expressions are Spark SQL text over the input's column
+names, quoted with backticks, so the runtime hands them to Spark unchanged.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Literal
+
+__all__ = [
+    "Mode",
+    "Node",
+    "Scan",
+    "Filter",
+    "Project",
+    "AggCall",
+    "Aggregate",
+    "UnionAll",
+    "explain",
+    "quote",
+]
+
+Mode = Literal["append-only", "updating"]
+AGG_FUNCS = ("count", "sum", "avg", "min", "max")
+
+
+def quote(name: str) -> str:
+    """A Spark SQL identifier."""
+    return "`" + name.replace("`", "``") + "`"
+
+
+@dataclass(frozen=True)
+class Node:
+    """Base of logical nodes: output ``columns``, ``mode`` and ``pk`` (None = bag)."""
+
+    columns: tuple[str, ...]
+    mode: Mode
+    pk: tuple[str, ...] | None
+
+    @property
+    def inputs(self) -> tuple[Node, ...]:
+        return ()
+
+    def describe(self) -> str:
+        raise NotImplementedError
+
+
+@dataclass(frozen=True)
+class Scan(Node):
+    """Read a source (``kind='source'``) or another streaming table's changelog."""
+
+    name: str = ""
+    kind: Literal["source", "table"] = "source"
+    types: tuple[str, ...] = ()
+
+    def describe(self) -> str:
+        cols = ", ".join(f"{c} {t}" for c, t in zip(self.columns, self.types))
+        return f"Scan {self.kind} {self.name} [{cols}]"
+
+
+@dataclass(frozen=True)
+class Filter(Node):
+    input: Node = field(default=None)  # type: ignore[assignment]
+    condition: str = ""
+
+    @property
+    def inputs(self) -> tuple[Node, ...]:
+        return (self.input,)
+
+    def describe(self) -> str:
+        return f"Filter {self.condition}"
+
+
+@dataclass(frozen=True)
+class Project(Node):
+    input: Node = field(default=None)  # type: ignore[assignment]
+    exprs: tuple[str, ...] = ()
+
+    @property
+    def inputs(self) -> tuple[Node, ...]:
+        return (self.input,)
+
+    def describe(self) -> str:
+        items = ", ".join(
+            e if e == quote(c) else f"{e} AS {quote(c)}" for c, e in zip(self.columns, self.exprs)
+        )
+        return f"Project {items}"
+
+
+@dataclass(frozen=True)
+class AggCall:
+    """``func([DISTINCT] arg)``; ``arg`` is an input column name, None for COUNT(*)."""
+
+    func: str
+    arg: str | None
+    distinct: bool = False
+
+    def render(self) -> str:
+        inner = "*" if self.arg is None else ("DISTINCT " if self.distinct else "") + quote(self.arg)
+        return f"{self.func.upper()}({inner})"
+
+
+@dataclass(frozen=True)
+class Aggregate(Node):
+    """GROUP BY ``keys`` (input columns) computing ``aggs``; output = keys then aggs.
+
+    With no keys it is a global aggregate (exactly one output row, even over empty input);
+    with no aggs it is DISTINCT.
+    """
+
+    input: Node = field(default=None)  # type: ignore[assignment]
+    keys: tuple[str, ...] = ()
+    aggs: tuple[AggCall, ...] = ()
+
+    @property
+    def inputs(self) -> tuple[Node, ...]:
+        return (self.input,)
+
+    def describe(self) -> str:
+        keys = ", ".join(quote(k) for k in self.keys) or "()"
+        aggs = ", ".join(
+            f"{a.render()} AS {quote(c)}"
+            for a, c in zip(self.aggs, self.columns[len(self.keys) :])
+        )
+        return f"Aggregate keys=[{keys}] aggs=[{aggs}]"
+
+
+@dataclass(frozen=True)
+class UnionAll(Node):
+    children: tuple[Node, ...] = ()
+
+    @property
+    def inputs(self) -> tuple[Node, ...]:
+        return self.children
+
+    def describe(self) -> str:
+        return f"UnionAll ({len(self.children)} inputs)"
+
+
+def explain(node: Node) -> str:
+    """Deterministic indented text of a plan, one node per line, with mode and key."""
+    lines: list[str] = []
+
+    def visit(n: Node, depth: int) -> None:
+        pk = "bag" if n.pk is None else "(" + ", ".join(n.pk) + ")"
+        lines.append(f"{'  ' * depth}{n.describe()}  mode={n.mode} pk={pk}")
+        for child in n.inputs:
+            visit(child, depth + 1)
+
+    visit(node, 0)
+    return "\n".join(lines)

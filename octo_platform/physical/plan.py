@@ -1,0 +1,241 @@
+"""Physical plan: the operators the runtime executes, with stable ids and their state.
+
+``lower`` fuses chains of filters and projections into one stateless stage, picks an
+algorithm per aggregate (running MIN/MAX over append-only input, a value multiset over
+updating input) and names every state table. Pure data, deterministic ``explain``.
+"""
+from __future__ import annotations
+
+import hashlib
+from dataclasses import dataclass, field
+from typing import Literal
+
+from octo_platform.logical import plan as lp
+from octo_platform.logical.plan import Mode, quote
+
+__all__ = [
+    "PNode",
+    "PSource",
+    "PStateless",
+    "PAgg",
+    "PAggregate",
+    "PUnion",
+    "PhysicalPlan",
+    "lower",
+    "explain",
+]
+
+
+@dataclass(frozen=True)
+class PNode:
+    id: str
+    columns: tuple[str, ...]
+    mode: Mode
+
+    @property
+    def inputs(self) -> tuple[PNode, ...]:
+        return ()
+
+    def describe(self) -> str:
+        raise NotImplementedError
+
+    def state_tables(self) -> tuple[str, ...]:
+        return ()
+
+
+@dataclass(frozen=True)
+class PSource(PNode):
+    """The batch's rows of one source or upstream streaming table, as weighted rows."""
+
+    name: str = ""
+    kind: Literal["source", "table"] = "source"
+
+    def describe(self) -> str:
+        how = "changelog of table" if self.kind == "table" else "source"
+        return f"ReadDelta {how} {self.name} -> [{', '.join(self.columns)}]"
+
+
+Step = tuple[str, tuple[str, ...], tuple[str, ...]]  # ("filter"|"project", names, exprs)
+
+
+@dataclass(frozen=True)
+class PStateless(PNode):
+    """Filters and projections applied in order to each weighted row; weights pass through."""
+
+    input: PNode = field(default=None)  # type: ignore[assignment]
+    steps: tuple[Step, ...] = ()
+
+    @property
+    def inputs(self) -> tuple[PNode, ...]:
+        return (self.input,)
+
+    def describe(self) -> str:
+        parts = []
+        for kind, names, exprs in self.steps:
+            if kind == "filter":
+                parts.append(f"filter({exprs[0]})")
+            else:
+                cols = ", ".join(e if e == quote(n) else f"{e} AS {quote(n)}"
+                                 for n, e in zip(names, exprs))
+                parts.append(f"project({cols})")
+        return "Stateless " + " -> ".join(parts)
+
+
+@dataclass(frozen=True)
+class PAgg:
+    """One aggregate and how it is maintained.
+
+    ``strategy``: ``count`` (row count), ``sum`` (sum and non-null count; AVG divides),
+    ``running`` (MIN/MAX over append-only input), ``multiset`` (a (group, value) -> count
+    state table: MIN/MAX over updating input and COUNT(DISTINCT)).
+    """
+
+    func: str
+    arg: str | None
+    distinct: bool
+    strategy: Literal["count", "sum", "running", "multiset"]
+    name: str
+
+    def render(self) -> str:
+        return lp.AggCall(self.func, self.arg, self.distinct).render()
+
+
+@dataclass(frozen=True)
+class PAggregate(PNode):
+    """Group by ``keys`` with accumulators in a keyed state table, bucketed by hash(keys)."""
+
+    input: PNode = field(default=None)  # type: ignore[assignment]
+    keys: tuple[str, ...] = ()
+    aggs: tuple[PAgg, ...] = ()
+
+    @property
+    def inputs(self) -> tuple[PNode, ...]:
+        return (self.input,)
+
+    @property
+    def is_global(self) -> bool:
+        return not self.keys
+
+    def multiset_table(self, i: int) -> str:
+        return f"{self.id}_values{i}"
+
+    def state_tables(self) -> tuple[str, ...]:
+        ms = [self.multiset_table(i) for i, a in enumerate(self.aggs) if a.strategy == "multiset"]
+        return (self.id, *ms)
+
+    def describe(self) -> str:
+        keys = ", ".join(quote(k) for k in self.keys) or "() global"
+        aggs = ", ".join(f"{a.render()}:{a.strategy}" for a in self.aggs) or "none (distinct)"
+        return (f"HashAggregate keys=[{keys}] aggs=[{aggs}] input={self.input.mode} "
+                f"state=[{', '.join(self.state_tables())}]")
+
+
+@dataclass(frozen=True)
+class PUnion(PNode):
+    children: tuple[PNode, ...] = ()
+
+    @property
+    def inputs(self) -> tuple[PNode, ...]:
+        return self.children
+
+    def describe(self) -> str:
+        return f"UnionAll ({len(self.children)} inputs)"
+
+
+@dataclass(frozen=True)
+class PhysicalPlan:
+    """A streaming table's operators plus what its changelog sink needs."""
+
+    table: str
+    root: PNode
+    pk: tuple[str, ...] | None
+
+    @property
+    def sources(self) -> tuple[PSource, ...]:
+        found: dict[str, PSource] = {}
+        for node in _walk(self.root):
+            if isinstance(node, PSource):
+                found.setdefault(node.name.lower(), node)
+        return tuple(found[k] for k in sorted(found))
+
+    @property
+    def operators(self) -> tuple[PNode, ...]:
+        return tuple(_walk(self.root))
+
+    @property
+    def state_tables(self) -> tuple[str, ...]:
+        return tuple(t for n in _walk(self.root) for t in n.state_tables())
+
+    @property
+    def fingerprint(self) -> str:
+        """Changes whenever the plan (and so the meaning of its state) changes."""
+        return hashlib.sha256(explain(self).encode()).hexdigest()[:16]
+
+
+def _walk(node: PNode):
+    for child in node.inputs:
+        yield from _walk(child)
+    yield node
+
+
+def lower(table: str, root: lp.Node, pk: tuple[str, ...] | None) -> PhysicalPlan:
+    """Turn a logical plan into operators with stable ids (post-order numbering)."""
+    counter = {"n": 0}
+
+    def next_id(kind: str) -> str:
+        counter["n"] += 1
+        return f"{kind}{counter['n']}"
+
+    def go(node: lp.Node) -> PNode:
+        if isinstance(node, lp.Scan):
+            return PSource(next_id("source"), node.columns, node.mode, name=node.name,
+                           kind=node.kind)
+        if isinstance(node, (lp.Filter, lp.Project)):
+            steps: list[Step] = []
+            cur: lp.Node = node
+            while isinstance(cur, (lp.Filter, lp.Project)):
+                if isinstance(cur, lp.Filter):
+                    steps.append(("filter", cur.columns, (cur.condition,)))
+                else:
+                    steps.append(("project", cur.columns, cur.exprs))
+                cur = cur.input
+            child = go(cur)
+            return PStateless(next_id("map"), node.columns, node.mode, input=child,
+                              steps=tuple(reversed(steps)))
+        if isinstance(node, lp.Aggregate):
+            child = go(node.input)
+            aggs = tuple(
+                PAgg(a.func, a.arg, a.distinct, _strategy(a, child.mode), name)
+                for a, name in zip(node.aggs, node.columns[len(node.keys):])
+            )
+            return PAggregate(next_id("agg"), node.columns, node.mode, input=child,
+                              keys=node.keys, aggs=aggs)
+        if isinstance(node, lp.UnionAll):
+            kids = tuple(go(c) for c in node.children)
+            return PUnion(next_id("union"), node.columns, node.mode, children=kids)
+        raise TypeError(f"cannot lower {type(node).__name__}")
+
+    return PhysicalPlan(table, go(root), pk)
+
+
+def _strategy(a: lp.AggCall, input_mode: Mode) -> Literal["count", "sum", "running", "multiset"]:
+    if a.func == "count" and not a.distinct:
+        return "count"
+    if a.func in ("sum", "avg"):
+        return "sum"
+    if a.func in ("min", "max") and input_mode == "append-only":
+        return "running"
+    return "multiset"
+
+
+def explain(plan: PhysicalPlan) -> str:
+    pk = "none (bag: no u events)" if plan.pk is None else "(" + ", ".join(plan.pk) + ")"
+    lines = [f"ChangelogSink {plan.table} pk={pk} consolidate=per-batch"]
+
+    def visit(n: PNode, depth: int) -> None:
+        lines.append(f"{'  ' * depth}{n.id}: {n.describe()}  mode={n.mode}")
+        for child in n.inputs:
+            visit(child, depth + 1)
+
+    visit(plan.root, 1)
+    return "\n".join(lines)

@@ -1,0 +1,97 @@
+"""A project: the ``sql/`` folder of a repo compiled into streaming tables.
+
+``load_project`` runs every stage up to the physical plan (parse, bind, plan, lower), so a
+broken file fails before anything touches data.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+
+from octo_platform.errors import CatalogError, OctoError
+from octo_platform.frontend.binder import Catalog, SourceDef, TableDef, build_catalog
+from octo_platform.frontend.parser import Statement, parse_sql
+from octo_platform.logical.plan import explain as explain_logical
+from octo_platform.physical.plan import PhysicalPlan, lower
+from octo_platform.physical.plan import explain as explain_physical
+
+__all__ = ["CompiledTable", "Project", "load_project", "DEFAULT_WAREHOUSE"]
+
+DEFAULT_WAREHOUSE = "warehouse"  # relative to the project directory
+
+
+@dataclass(frozen=True)
+class CompiledTable:
+    definition: TableDef
+    physical: PhysicalPlan
+    group: str
+
+    @property
+    def name(self) -> str:
+        return self.definition.name
+
+
+class Project:
+    """Compiled streaming tables and sources of one project directory."""
+
+    def __init__(self, root: Path, catalog: Catalog, groups: dict[str, str]) -> None:
+        self.root = root
+        self.catalog = catalog
+        self.tables: dict[str, CompiledTable] = {}
+        for t in catalog.tables():
+            plan = lower(t.name, t.plan, t.pk)
+            self.tables[t.name.lower()] = CompiledTable(t, plan, groups.get(t.name.lower(), ""))
+
+    def table(self, name: str) -> CompiledTable:
+        try:
+            return self.tables[name.lower()]
+        except KeyError:
+            known = ", ".join(sorted(t.name for t in self.tables.values())) or "none"
+            raise CatalogError(f"unknown streaming table {name!r} (known: {known})") from None
+
+    def source(self, name: str) -> SourceDef:
+        return self.catalog.sources[name.lower()]
+
+    def source_path(self, source: SourceDef) -> str:
+        path = Path(source.options["path"])
+        return str(path if path.is_absolute() else (self.root / path).resolve())
+
+    def order(self, names: list[str] | None = None) -> list[CompiledTable]:
+        """Tables in dependency order (upstream first); ``names`` selects a subset."""
+        wanted = {self.table(n).name.lower() for n in names} if names else set(self.tables)
+        done: list[str] = []
+
+        def visit(key: str) -> None:
+            if key in done:
+                return
+            for dep in self.tables[key].definition.deps:
+                if dep.lower() in self.tables:
+                    visit(dep.lower())
+            done.append(key)
+
+        for key in sorted(self.tables):
+            visit(key)
+        return [self.tables[k] for k in done if k in wanted]
+
+    def explain(self, name: str) -> str:
+        t = self.table(name)
+        return (f"== Logical plan: {t.name} ==\n{explain_logical(t.definition.plan)}\n\n"
+                f"== Physical plan: {t.name} ==\n{explain_physical(t.physical)}")
+
+
+def load_project(root: str | Path, *, sql_dir: str = "sql") -> Project:
+    """Parse and compile every ``.sql`` file under ``<root>/<sql_dir>`` (recursively)."""
+    root = Path(root).resolve()
+    folder = root / sql_dir
+    if not folder.is_dir():
+        raise OctoError(f"no SQL folder at {folder} (use --project to point at a project)")
+    statements: list[Statement] = []
+    groups: dict[str, str] = {}
+    for path in sorted(folder.rglob("*.sql")):
+        rel = path.relative_to(root)
+        stmts = parse_sql(path.read_text(encoding="utf-8"), path=str(rel))
+        group = "/".join(path.relative_to(folder).parts[:-1])
+        for s in stmts:
+            groups[s.name.lower()] = group
+        statements.extend(stmts)
+    return Project(root, build_catalog(statements), groups)

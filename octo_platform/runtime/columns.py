@@ -1,0 +1,8 @@
+"""Names of the internal columns every runtime stage agrees on."""
+from __future__ import annotations
+
+__all__ = ["WEIGHT", "BUCKET", "COUNT"]
+
+WEIGHT = "__octo_w"  # +n inserts n copies of a row, -n retracts them (a Z-set weight)
+BUCKET = "_bucket"  # state and snapshot tables are partitioned by pmod(hash(key), buckets)
+COUNT = "_n"  # rows of a group in aggregate state

@@ -1,0 +1,211 @@
+"""Run streaming tables as Spark Structured Streaming queries (``readStream ▶ foreachBatch``).
+
+``until_idle=True`` (catch-up, ``availableNow``): tables run one after another in dependency
+order, each processing everything available, so downstream tables see upstream output of
+the same run. Otherwise all tables run concurrently until Ctrl-C or ``deadline``; stopping
+waits for the batch in flight, and an interrupted batch is redone exactly once next time.
+"""
+from __future__ import annotations
+
+import fcntl
+import json
+import os
+import shutil
+import threading
+import time
+import uuid
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import TYPE_CHECKING, Callable
+
+from octo_platform.errors import RunError
+from octo_platform.project import DEFAULT_WAREHOUSE, CompiledTable, Project, load_project
+from octo_platform.runtime.pipeline import (
+    DEFAULT_BUCKETS,
+    BatchStats,
+    Environment,
+    Layout,
+    Pipeline,
+)
+
+if TYPE_CHECKING:
+    from pyspark.sql import DataFrame, SparkSession
+
+__all__ = ["run_tables", "RunReport", "resolve_warehouse"]
+
+
+@dataclass
+class RunReport:
+    batches: list[BatchStats] = field(default_factory=list)
+
+    def for_table(self, name: str) -> list[BatchStats]:
+        return [b for b in self.batches if b.table.lower() == name.lower()]
+
+    @property
+    def dead_letters(self) -> int:
+        return sum(b.dead_letters for b in self.batches)
+
+
+def resolve_warehouse(project_root: Path, warehouse: str | None) -> str:
+    if warehouse is None:
+        return str(project_root / DEFAULT_WAREHOUSE)
+    if "://" in warehouse:
+        return warehouse.rstrip("/")
+    return str(Path(warehouse).resolve())
+
+
+class _Lock:
+    """An exclusive lock per table, so two runs never write the same table at once."""
+
+    def __init__(self, layout: Layout, table: str) -> None:
+        path = Path(layout.internal(table))
+        path.mkdir(parents=True, exist_ok=True)
+        self.fh = open(path / "lock", "w")
+        try:
+            fcntl.flock(self.fh, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            self.fh.close()
+            raise RunError(f"streaming table {table!r} is being run by another process "
+                           f"(lock {path / 'lock'})") from None
+
+    def release(self) -> None:
+        fcntl.flock(self.fh, fcntl.LOCK_UN)
+        self.fh.close()
+
+
+class _Query:
+    """One table's streaming query and its foreachBatch handler."""
+
+    def __init__(self, spark: SparkSession, pipeline: Pipeline, project: Project,
+                 report: RunReport, storage_options: dict[str, str] | None) -> None:
+        self.spark = spark
+        self.pipeline = pipeline
+        self.project = project
+        self.report = report
+        self.storage_options = storage_options
+        self.stopping = False
+        self.busy = threading.Lock()
+        self.error: BaseException | None = None
+        self.checkpoint = f"{pipeline.layout.internal(pipeline.name)}/checkpoints/{uuid.uuid4().hex}"
+
+    def handle(self, df: DataFrame, _spark_batch: int) -> None:
+        with self.busy:
+            if self.stopping:
+                return  # not logged: the next run plans this batch again
+            rows = df.collect()
+            if not rows:
+                return
+            offset = json.loads(rows[0][0])
+            try:
+                stats = self.pipeline.run_batch(int(offset["batch"]), offset["inputs"])
+            except BaseException as e:  # noqa: BLE001 - re-raised by the runner
+                self.error = e
+                raise
+            if not stats.skipped:
+                self.report.batches.append(stats)
+
+    def start(self, *, until_idle: bool, interval: str):
+        reader = (self.spark.readStream.format("octo_batches")
+                  .option("project", str(self.project.root))
+                  .option("warehouse", self.pipeline.layout.warehouse)
+                  .option("table", self.pipeline.name)
+                  .option("storage_options", json.dumps(self.storage_options or {}))
+                  .load())
+        writer = (reader.writeStream.foreachBatch(self.handle)
+                  .queryName(f"octo-{self.pipeline.name}")
+                  .option("checkpointLocation", self.checkpoint))
+        writer = writer.trigger(availableNow=True) if until_idle else \
+            writer.trigger(processingTime=interval)
+        self.query = writer.start()
+        return self.query
+
+    def stop(self) -> None:
+        self.stopping = True
+        with self.busy:  # wait for the batch in flight
+            pass
+        self.query.stop()
+
+    def cleanup(self) -> None:
+        if "://" not in self.checkpoint:
+            shutil.rmtree(self.checkpoint, ignore_errors=True)
+
+
+def _register(spark: SparkSession) -> None:
+    from octo_platform.runtime.batches import OctoBatches
+
+    spark.dataSource.register(OctoBatches)
+
+
+def run_tables(
+    spark: SparkSession,
+    project: str | Path | Project,
+    *,
+    warehouse: str | None = None,
+    names: list[str] | None = None,
+    until_idle: bool = True,
+    env: Environment | None = None,
+    storage_options: dict[str, str] | None = None,
+    buckets: int = DEFAULT_BUCKETS,
+    deadline: float | None = None,
+    interval: str = "1 second",
+    progress: Callable[[str], None] | None = print,
+) -> RunReport:
+    """Run the named streaming tables (all when ``names`` is None); see module docstring.
+
+    ``deadline`` (a ``time.time()`` value) ends a continuous run cleanly.
+    """
+    if env is None:
+        from octo_platform.wiring import default_environment
+
+        env = default_environment(storage_options)
+    proj = project if isinstance(project, Project) else load_project(project)
+    layout = Layout(resolve_warehouse(proj.root, warehouse))
+    tables = proj.order(names)
+    os.makedirs(layout.warehouse, exist_ok=True) if "://" not in layout.warehouse else None
+    _register(spark)
+    report = RunReport()
+    locks = [_Lock(layout, t.name) for t in tables]
+    try:
+        pipelines = [Pipeline(spark, proj, t, layout, env, buckets=buckets, progress=progress)
+                     for t in tables]
+        queries = [_Query(spark, p, proj, report, storage_options) for p in pipelines]
+        if until_idle:
+            for q in queries:
+                _await(q, q.start(until_idle=True, interval=interval), None)
+        else:
+            _run_continuously(queries, interval, deadline, progress)
+    finally:
+        for lock in locks:
+            lock.release()
+    return report
+
+
+def _await(q: _Query, query, deadline: float | None) -> None:
+    try:
+        query.awaitTermination()
+    except Exception as e:
+        raise RunError(f"streaming table {q.pipeline.name!r} failed: "
+                       f"{q.error or e}") from (q.error or e)
+    finally:
+        q.cleanup()
+
+
+def _run_continuously(queries: list[_Query], interval: str, deadline: float | None,
+                      progress: Callable[[str], None] | None) -> None:
+    running = [(q, q.start(until_idle=False, interval=interval)) for q in queries]
+    try:
+        while deadline is None or time.time() < deadline:
+            for q, query in running:
+                if not query.isActive:
+                    _await(q, query, None)
+                    raise RunError(f"streaming table {q.pipeline.name!r} stopped unexpectedly")
+            time.sleep(0.5)
+        if progress:
+            progress("deadline reached: stopping after the batches in flight")
+    except KeyboardInterrupt:
+        if progress:
+            progress("interrupted: stopping after the batches in flight")
+    finally:
+        for q, _ in running:
+            q.stop()
+            q.cleanup()

@@ -1,0 +1,1 @@
+"""Durable state: Delta tables through delta-rs (the only package importing ``deltalake``)."""

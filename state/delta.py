@@ -1,0 +1,137 @@
+"""Delta Lake IO through delta-rs: the only module that imports ``deltalake``.
+
+Every write for micro-batch N carries the app transaction ``(app_id, N)`` and is skipped when
+the table already holds it, which makes re-running a half-finished batch idempotent.
+"""
+from __future__ import annotations
+
+import os
+from pathlib import Path
+from typing import Literal
+
+import pyarrow as pa
+from deltalake import CommitProperties, DeltaTable, Transaction, write_deltalake
+from deltalake.exceptions import TableNotFoundError
+
+__all__ = ["DeltaStore"]
+
+
+def _nullable(table: pa.Table) -> pa.Table:
+    """Mark every field nullable so batches whose nullability differs share one schema."""
+
+    def relax(t: pa.DataType) -> pa.DataType:
+        if pa.types.is_struct(t):
+            return pa.struct([pa.field(f.name, relax(f.type), True) for f in t])
+        if pa.types.is_list(t) or pa.types.is_large_list(t):
+            return pa.list_(pa.field(t.value_field.name, relax(t.value_type), True))
+        return t
+
+    schema = pa.schema([pa.field(f.name, relax(f.type), True) for f in table.schema])
+    return table.cast(schema) if schema != table.schema else table
+
+
+class DeltaStore:
+    """Reads and idempotent writes of the Delta tables under a warehouse."""
+
+    def __init__(self, storage_options: dict[str, str] | None = None) -> None:
+        self.storage_options = storage_options or None
+
+    def _open(self, path: str, version: int | None = None) -> DeltaTable | None:
+        try:
+            return DeltaTable(path, version=version, storage_options=self.storage_options)
+        except TableNotFoundError:
+            return None
+
+    def version(self, path: str) -> int | None:
+        """Current version of the table at ``path``, None if there is no table."""
+        dt = self._open(path)
+        return None if dt is None else dt.version()
+
+    def committed(self, path: str, app_id: str) -> int:
+        """The last batch ``app_id`` committed to the table (-1 if none or no table)."""
+        dt = self._open(path)
+        if dt is None:
+            return -1
+        v = dt.transaction_version(app_id)
+        return -1 if v is None else int(v)
+
+    def files(self, path: str, version: int | None,
+              partitions: set[int] | None = None) -> list[str]:
+        """Data file URIs of a snapshot, optionally only those of some ``_bucket`` partitions."""
+        if version is None:
+            return []
+        dt = self._open(path, version)
+        if dt is None:
+            return []
+        if partitions is None:
+            return dt.file_uris()
+        actions = pa.table(dt.get_add_actions(flatten=True))
+        col = "partition._bucket"
+        if col not in actions.column_names:
+            return dt.file_uris()
+        base = dt.table_uri.rstrip("/")
+        out = []
+        for rel, bucket in zip(actions.column("path").to_pylist(),
+                               actions.column(col).to_pylist()):
+            if bucket is not None and int(bucket) in partitions:
+                out.append(rel if "://" in rel else f"{base}/{rel}")
+        return out
+
+    def added_files(self, path: str, from_version: int | None, to_version: int) -> list[str]:
+        """Files in ``to_version`` that were not in ``from_version`` (append-only tables)."""
+        before = set(self.files(path, from_version)) if from_version is not None else set()
+        return sorted(f for f in self.files(path, to_version) if f not in before)
+
+    def read(self, path: str, version: int | None = None) -> pa.Table | None:
+        dt = self._open(path, version)
+        return None if dt is None else dt.to_pyarrow_table()
+
+    def write(
+        self,
+        path: str,
+        data: pa.Table,
+        *,
+        app_id: str,
+        batch: int,
+        mode: Literal["append", "overwrite"] = "append",
+        partition_by: list[str] | None = None,
+        buckets: list[int] | None = None,
+    ) -> bool:
+        """Write ``data`` as batch ``batch`` of ``app_id``; False if already written.
+
+        With ``buckets``, replaces exactly those ``_bucket`` partitions (the rest stays).
+        """
+        if self.committed(path, app_id) >= batch:
+            return False
+        predicate = None
+        if buckets is not None:
+            if not buckets:
+                return False
+            predicate = "_bucket IN (" + ", ".join(str(int(b)) for b in sorted(buckets)) + ")"
+            mode = "overwrite"
+        if self.version(path) is None:
+            os.makedirs(path, exist_ok=True) if "://" not in path else None
+            predicate = None
+        write_deltalake(
+            path,
+            _nullable(data),
+            mode=mode,
+            partition_by=partition_by,
+            predicate=predicate,
+            storage_options=self.storage_options,
+            commit_properties=CommitProperties(
+                app_transactions=[Transaction(app_id=app_id, version=batch)]
+            ),
+        )
+        return True
+
+    def arrow_schema(self, path: str) -> pa.Schema | None:
+        dt = self._open(path)
+        return None if dt is None else pa.schema(dt.schema().to_arrow())
+
+    def exists(self, path: str) -> bool:
+        return self.version(path) is not None
+
+    @staticmethod
+    def local_path(path: str) -> Path:
+        return Path(path.removeprefix("file://"))
