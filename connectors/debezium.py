@@ -33,56 +33,55 @@ def validate(op: str = "op", before: str = "before", after: str = "after") -> st
 
 def decode(events: DataFrame, columns: tuple[str, ...]) -> DataFrame:
     """Weighted rows of valid events with columns ``op``, ``before``, ``after``."""
-    from pyspark.sql import functions as F
 
-    def image(side: str, weight: int):
-        fields = [F.col(f"{side}.{quote(c)}").alias(c) for c in columns]
-        return F.when(F.col("op").isin(*(("c", "r", "u") if weight > 0 else ("u", "d"))),
-                      F.struct(*fields, F.lit(weight).cast("bigint").alias(WEIGHT)))
+    def image(side: str, ops: str, weight: int) -> str:
+        fields = ", ".join(f"{side}.{quote(c)} AS {quote(c)}" for c in columns)
+        return (f"CASE WHEN op IN ({ops}) THEN struct({fields}, "
+                f"CAST({weight} AS BIGINT) AS {quote(WEIGHT)}) END")
 
-    rows = F.array(image("after", 1), image("before", -1))
-    return (events.select(F.explode(F.filter(rows, lambda x: x.isNotNull())).alias("r"))
-            .select("r.*"))
+    inserted, removed = image("after", "'c', 'r', 'u'", 1), image("before", "'u', 'd'", -1)
+    rows = f"array({inserted}, {removed})"
+    return (events.selectExpr(f"explode(filter({rows}, x -> x IS NOT NULL)) AS r")
+            .selectExpr("r.*"))
 
 
 def encode(delta: DataFrame, columns: tuple[str, ...], pk: tuple[str, ...] | None,
            *, table: str, batch: int, ts_ms: int) -> DataFrame:
-    """Change events for a consolidated batch of weighted rows (no zero weights)."""
-    from pyspark.sql import Window
+    """Change events for a consolidated batch of weighted rows (no zero weights).
+
+    Without a primary key every unit of weight is a ``c`` or ``d``; with one, the i-th
+    retraction and the i-th insertion of the same key become one ``u``.
+    """
     from pyspark.sql import functions as F
 
-    cols = [quote(c) for c in columns]
-    unit = delta.select(*cols, F.signum(WEIGHT).cast("int").alias("_sign"),
-                       F.explode(F.sequence(F.lit(1), F.abs(F.col(WEIGHT)).cast("int"))).alias("_i"))
-    row = F.struct(*[F.col(c) for c in cols])
-    source = F.struct(F.lit(table).alias("table"), F.lit(batch).cast("bigint").alias("batch_id"),
-                      F.lit("octo").alias("connector"))
-    if not pk:
-        if pk is None:
-            events = unit.select(
-                F.when(F.col("_sign") > 0, "c").otherwise("d").alias("op"),
-                F.when(F.col("_sign") < 0, row).alias("before"),
-                F.when(F.col("_sign") > 0, row).alias("after"))
-            return _envelope(events, ts_ms, source)
-    key = [quote(k) for k in pk] if pk else []
-    order = Window.partitionBy(*key, "_sign").orderBy(*cols, "_i") if key else \
-        Window.partitionBy("_sign").orderBy(*cols, "_i")
-    numbered = unit.select(*[F.col(k).alias(f"_k{i}") for i, k in enumerate(key)],
-                           "_sign", F.row_number().over(order).alias("_rn"), row.alias("img"))
-    old = numbered.filter("_sign < 0").drop("_sign").withColumnRenamed("img", "before")
-    new = numbered.filter("_sign > 0").drop("_sign").withColumnRenamed("img", "after")
-    cond = [old[f"_k{i}"].eqNullSafe(new[f"_k{i}"]) for i in range(len(key))]
-    cond.append(old["_rn"] == new["_rn"])
-    joined = old.join(new, cond, "full_outer")
-    events = joined.select(
-        F.when(F.col("before").isNull(), "c").when(F.col("after").isNull(), "d")
-        .otherwise("u").alias("op"),
-        "before", "after")
-    return _envelope(events, ts_ms, source)
-
-
-def _envelope(events: DataFrame, ts_ms: int, source) -> DataFrame:
-    from pyspark.sql import functions as F
-
-    return events.select("op", "before", "after", F.lit(ts_ms).cast("bigint").alias("ts_ms"),
-                         source.alias("source"))
+    # Image fields must be nullable: Spark's Arrow export rejects a NULL image (the `before`
+    # of a `c`) whose struct has a non-nullable field. `_sign` is never 0.
+    cols = ", ".join(f"CASE WHEN _sign = 0 THEN NULL ELSE {quote(c)} END AS {quote(c)}"
+                     for c in columns)
+    w = quote(WEIGHT)
+    unit = delta.selectExpr(*[quote(c) for c in columns], f"CAST(signum({w}) AS INT) AS _sign",
+                            f"explode(sequence(1, CAST(abs({w}) AS INT))) AS _i")
+    if pk is None:
+        events = unit.selectExpr(
+            "CASE WHEN _sign > 0 THEN 'c' ELSE 'd' END AS op",
+            f"CASE WHEN _sign < 0 THEN struct({cols}) END AS before",
+            f"CASE WHEN _sign > 0 THEN struct({cols}) END AS after")
+    else:
+        keys = [f"{quote(k)} AS _k{i}" for i, k in enumerate(pk)]
+        part = ", ".join([*(quote(k) for k in pk), "_sign"])
+        numbered = unit.selectExpr(
+            *keys, "_sign", f"struct({cols}) AS img",
+            f"row_number() OVER (PARTITION BY {part} ORDER BY "
+            f"{', '.join(quote(c) for c in columns)}, _i) AS _rn")
+        ks = [f"_k{i}" for i in range(len(pk))]
+        old = numbered.filter("_sign < 0").selectExpr(*ks, "_rn", "img AS before")
+        new = numbered.filter("_sign > 0").selectExpr(*ks, "_rn", "img AS after")
+        on = " AND ".join([*(f"o.{k} <=> n.{k}" for k in ks), "o._rn = n._rn"])
+        events = old.alias("o").join(new.alias("n"), F.expr(on), "full_outer").selectExpr(
+            "CASE WHEN o.before IS NULL THEN 'c' WHEN n.after IS NULL THEN 'd' ELSE 'u' END AS op",
+            "o.before AS before", "n.after AS after")
+    name = table.replace("'", "''")
+    return events.selectExpr(
+        "op", "before", "after", f"CAST({int(ts_ms)} AS BIGINT) AS ts_ms",
+        f"named_struct('table', '{name}', 'batch_id', CAST({int(batch)} AS BIGINT), "
+        "'connector', 'octo') AS source")

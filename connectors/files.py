@@ -10,7 +10,7 @@ from __future__ import annotations
 import os
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Callable
 
 from connectors import debezium
 from octo_platform.logical.plan import quote
@@ -19,9 +19,7 @@ from octo_platform.runtime.columns import WEIGHT
 if TYPE_CHECKING:
     from pyspark.sql import DataFrame, SparkSession
 
-__all__ = ["FileSource", "list_files", "read_files", "DEAD_LETTER_COLUMNS"]
-
-DEAD_LETTER_COLUMNS = ("raw", "source_file", "reason")
+__all__ = ["FileSource", "Parsed", "list_files", "read_files"]
 
 
 @dataclass(frozen=True)
@@ -57,11 +55,21 @@ def list_files(path: str) -> list[str]:
     return sorted(found)
 
 
-def read_files(spark: SparkSession, source: FileSource,
-               files: list[str]) -> tuple[DataFrame, DataFrame]:
-    """Read ``files`` of ``source``: (weighted rows, dead letters)."""
+@dataclass(frozen=True)
+class Parsed:
+    """One row per input record: its payload plus ``_raw``, ``_file`` and ``_reason`` (NULL
+    for a good record). ``rows`` turns good records into weighted rows."""
+
+    records: DataFrame
+    rows: Callable[[DataFrame], DataFrame]
+
+
+def read_files(spark: SparkSession, source: FileSource, files: list[str]) -> Parsed:
+    """Parse ``files`` of ``source`` (lazily: nothing is read until an action runs)."""
     if not files:
-        return _empty_rows(spark, source), _empty_dead(spark)
+        empty = spark.createDataFrame([], f"{source.ddl}, _raw STRING, _file STRING, "
+                                          "_reason STRING")
+        return Parsed(empty, lambda df: _weighted(df, source))
     if source.format == "csv":
         return _csv(spark, source, files)
     if source.format == "parquet":
@@ -69,22 +77,11 @@ def read_files(spark: SparkSession, source: FileSource,
     return _json_lines(spark, source, files)
 
 
-def _empty_rows(spark: SparkSession, source: FileSource) -> DataFrame:
-    return spark.createDataFrame([], f"{source.ddl}, {WEIGHT} BIGINT")
-
-
-def _empty_dead(spark: SparkSession) -> DataFrame:
-    return spark.createDataFrame([], "raw STRING, source_file STRING, reason STRING")
-
-
 def _weighted(df: DataFrame, source: FileSource) -> DataFrame:
-    from pyspark.sql import functions as F
-
-    return df.select(*[quote(c) for c in source.columns], F.lit(1).cast("bigint").alias(WEIGHT))
+    return df.selectExpr(*[quote(c) for c in source.columns], f"CAST(1 AS BIGINT) AS {WEIGHT}")
 
 
-def _json_lines(spark: SparkSession, source: FileSource,
-                files: list[str]) -> tuple[DataFrame, DataFrame]:
+def _json_lines(spark: SparkSession, source: FileSource, files: list[str]) -> Parsed:
     from pyspark.sql import functions as F
 
     lines = (spark.read.text(files).select("value", F.col("_metadata.file_path").alias("file"))
@@ -100,33 +97,24 @@ def _json_lines(spark: SparkSession, source: FileSource,
         "value", "file",
         F.from_json("value", schema, {"mode": "PERMISSIVE",
                                       "columnNameOfCorruptRecord": "_corrupt"}).alias("j"))
-    malformed = F.when(F.from_json("value", "map<string,string>").isNull(), "malformed JSON") \
-        .otherwise("a value does not match the declared type")
-    bad_json = F.col("j").isNull() | F.col("j._corrupt").isNotNull()
+    bad_json = ("CASE WHEN j IS NULL OR j._corrupt IS NOT NULL THEN "
+                "CASE WHEN from_json(value, 'map<string,string>') IS NULL THEN 'malformed JSON' "
+                "ELSE 'a value does not match the declared type' END END")
     if source.format != "debezium-json":
-        good = parsed.filter(~bad_json).select("j.*")
-        dead = parsed.filter(bad_json).select(F.col("value").alias("raw"),
-                                              F.col("file").alias("source_file"),
-                                              malformed.alias("reason"))
-        return _weighted(good, source), dead
-    events = parsed.filter(~bad_json).select(
-        "value", "file",
-        F.coalesce("j.payload.op", "j.op").alias("op"),
-        F.when(F.col("j.payload").isNotNull(), F.col("j.payload.before"))
-        .otherwise(F.col("j.before")).alias("before"),
-        F.when(F.col("j.payload").isNotNull(), F.col("j.payload.after"))
-        .otherwise(F.col("j.after")).alias("after"))
-    events = events.withColumn("reason", F.expr(debezium.validate()))
-    dead = parsed.filter(bad_json).select(F.col("value").alias("raw"),
-                                          F.col("file").alias("source_file"),
-                                          malformed.alias("reason")).unionByName(
-        events.filter("reason IS NOT NULL").select(F.col("value").alias("raw"),
-                                                   F.col("file").alias("source_file"), "reason"))
-    return debezium.decode(events.filter("reason IS NULL"), source.columns), dead
+        records = parsed.selectExpr("j.*", "value AS _raw", "file AS _file",
+                                    f"{bad_json} AS _reason").drop("_corrupt")
+        return Parsed(records, lambda df: _weighted(df, source))
+    events = parsed.selectExpr(
+        "value AS _raw", "file AS _file", f"{bad_json} AS _json_reason",
+        "coalesce(j.payload.op, j.op) AS op",
+        "CASE WHEN j.payload IS NOT NULL THEN j.payload.before ELSE j.before END AS before",
+        "CASE WHEN j.payload IS NOT NULL THEN j.payload.after ELSE j.after END AS after")
+    records = events.selectExpr("op", "before", "after", "_raw", "_file",
+                                f"coalesce(_json_reason, {debezium.validate()}) AS _reason")
+    return Parsed(records, lambda df: debezium.decode(df, source.columns))
 
 
-def _csv(spark: SparkSession, source: FileSource,
-         files: list[str]) -> tuple[DataFrame, DataFrame]:
+def _csv(spark: SparkSession, source: FileSource, files: list[str]) -> Parsed:
     from pyspark.sql import functions as F
 
     header = source.option("header", "true").lower() == "true"
@@ -137,16 +125,16 @@ def _csv(spark: SparkSession, source: FileSource,
           .option("columnNameOfCorruptRecord", "_corrupt")
           .csv(files)
           .select("*", F.col("_metadata.file_path").alias("_file")))
-    df = df.cache()
-    good = df.filter("_corrupt IS NULL")
-    dead = df.filter("_corrupt IS NOT NULL").select(
-        F.col("_corrupt").alias("raw"), F.col("_file").alias("source_file"),
-        F.lit("malformed CSV line or a value of the wrong type").alias("reason"))
-    return _weighted(good, source), dead
+    # Spark refuses queries that reference only the corrupt-record column of raw CSV; the
+    # pipeline persists records before splitting them, which is what it asks for.
+    records = df.selectExpr(
+        *[quote(c) for c in source.columns], "_corrupt AS _raw", "_file",
+        "CASE WHEN _corrupt IS NOT NULL "
+        "THEN 'malformed CSV line or a value of the wrong type' END AS _reason")
+    return Parsed(records, lambda d: _weighted(d, source))
 
 
-def _parquet(spark: SparkSession, source: FileSource,
-             files: list[str]) -> tuple[DataFrame, DataFrame]:
+def _parquet(spark: SparkSession, source: FileSource, files: list[str]) -> Parsed:
     from pyspark.sql import functions as F
 
     df = spark.read.parquet(*files).select("*", F.col("_metadata.file_path").alias("_file"))
@@ -154,19 +142,14 @@ def _parquet(spark: SparkSession, source: FileSource,
     casts, checks = [], []
     for col, typ in zip(source.columns, source.types):
         if col.lower() not in present:
-            casts.append(F.lit(None).cast(typ).alias(col))
+            casts.append(f"CAST(NULL AS {typ}) AS {quote(col)}")
             continue
-        src = F.col(quote(present[col.lower()]))
-        casted = F.expr(f"try_cast({quote(present[col.lower()])} AS {typ})")
-        casts.append(casted.alias(col))
-        checks.append(F.when(src.isNotNull() & casted.isNull(),
-                             F.lit(f"column {col}: value does not fit {typ}")))
-    reason = F.coalesce(*checks) if checks else F.lit(None).cast("string")
-    typed = df.select(*casts, reason.alias("_reason"),
-                      F.to_json(F.struct(*[F.col(quote(c)) for c in df.columns if c != "_file"]))
-                      .alias("_raw"), "_file")
-    good = typed.filter("_reason IS NULL")
-    dead = typed.filter("_reason IS NOT NULL").select(
-        F.col("_raw").alias("raw"), F.col("_file").alias("source_file"),
-        F.col("_reason").alias("reason"))
-    return _weighted(good, source), dead
+        src = quote(present[col.lower()])
+        casts.append(f"try_cast({src} AS {typ}) AS {quote(col)}")
+        checks.append(f"CASE WHEN {src} IS NOT NULL AND try_cast({src} AS {typ}) IS NULL "
+                      f"THEN 'column {col}: value does not fit {typ}' END")
+    reason = f"coalesce({', '.join(checks)})" if checks else "CAST(NULL AS STRING)"
+    raw = "to_json(struct(" + ", ".join(quote(c) for c in df.columns if c != "_file") + "))"
+    records = df.selectExpr(*casts, f"CASE WHEN {reason} IS NOT NULL THEN {raw} END AS _raw",
+                            "_file", f"{reason} AS _reason")
+    return Parsed(records, lambda d: _weighted(d, source))

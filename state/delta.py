@@ -96,34 +96,41 @@ class DeltaStore:
         mode: Literal["append", "overwrite"] = "append",
         partition_by: list[str] | None = None,
         buckets: list[int] | None = None,
-    ) -> bool:
-        """Write ``data`` as batch ``batch`` of ``app_id``; False if already written.
+    ) -> int | None:
+        """Write ``data`` as batch ``batch`` of ``app_id``; the table version afterwards.
 
-        With ``buckets``, replaces exactly those ``_bucket`` partitions (the rest stays).
+        Skipped (nothing written) when the table already holds that batch. With ``buckets``,
+        replaces exactly those ``_bucket`` partitions; the others stay as they are.
         """
-        if self.committed(path, app_id) >= batch:
-            return False
+        dt = self._open(path)
+        if dt is not None:
+            done = dt.transaction_version(app_id)
+            if done is not None and int(done) >= batch:
+                return dt.version()
         predicate = None
         if buckets is not None:
             if not buckets:
-                return False
+                return None if dt is None else dt.version()
             predicate = "_bucket IN (" + ", ".join(str(int(b)) for b in sorted(buckets)) + ")"
             mode = "overwrite"
-        if self.version(path) is None:
-            os.makedirs(path, exist_ok=True) if "://" not in path else None
+        before = None if dt is None else dt.version()
+        if dt is None:
             predicate = None
+            if "://" not in path:
+                os.makedirs(path, exist_ok=True)
         write_deltalake(
-            path,
+            dt if dt is not None else path,
             _nullable(data),
             mode=mode,
             partition_by=partition_by,
             predicate=predicate,
-            storage_options=self.storage_options,
+            storage_options=None if dt is not None else self.storage_options,
             commit_properties=CommitProperties(
                 app_transactions=[Transaction(app_id=app_id, version=batch)]
             ),
         )
-        return True
+        # Single writer per table (the runner holds a lock), so the new version is known.
+        return 0 if before is None else before + 1
 
     def arrow_schema(self, path: str) -> pa.Schema | None:
         dt = self._open(path)

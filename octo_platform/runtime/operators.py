@@ -3,22 +3,27 @@
 Stateful operators read the state rows of the buckets a batch touches (pinned to the
 versions the previous batch committed), compute new state and output, and stage the new
 contents of those buckets; the pipeline commits all staged writes after the batch.
+
+Expressions are built as Spark SQL text (one JVM call per projection, not one per column):
+on a small machine the Python-to-JVM round trips otherwise cost more than the data work.
 """
 from __future__ import annotations
 
 from dataclasses import dataclass, field
 from functools import reduce
-from typing import TYPE_CHECKING, Protocol
+from typing import TYPE_CHECKING, Any, Protocol
 
 from octo_platform.logical.plan import quote
 from octo_platform.physical.plan import PAggregate, PNode, PSource, PStateless, PUnion
 from octo_platform.runtime.columns import BUCKET, COUNT, WEIGHT
 
 if TYPE_CHECKING:
-    from pyspark.sql import Column, DataFrame, SparkSession
+    from pyspark.sql import DataFrame, SparkSession
     from pyspark.sql.types import StructType
 
-__all__ = ["StateReader", "StagedWrite", "BatchContext", "evaluate"]
+__all__ = ["StateReader", "StagedWrite", "BatchContext", "evaluate", "bucket_sql"]
+
+W = quote(WEIGHT)
 
 
 class StateReader(Protocol):
@@ -42,6 +47,7 @@ class BatchContext:
     buckets: int
     inputs: dict[str, DataFrame]
     state_files: StateReader
+    memo: dict[str, Any] = field(default_factory=dict)  # per-pipeline, survives batches
     writes: list[StagedWrite] = field(default_factory=list)
     persisted: list[DataFrame] = field(default_factory=list)
 
@@ -62,12 +68,25 @@ class BatchContext:
         return self.spark.read.schema(schema).parquet(*files)
 
 
+def bucket_sql(keys: list[str] | tuple[str, ...], buckets: int) -> str:
+    """SQL of the bucket a row's key falls in (0 for an empty key)."""
+    if not keys:
+        return "0"
+    return f"pmod(hash({', '.join(quote(k) for k in keys)}), {buckets})"
+
+
 def evaluate(node: PNode, ctx: BatchContext) -> DataFrame:
     """The output Δ of ``node`` for this batch: its columns plus the weight column."""
     if isinstance(node, PSource):
         return ctx.inputs[node.name.lower()]
     if isinstance(node, PStateless):
-        return _stateless(node, evaluate(node.input, ctx))
+        df = evaluate(node.input, ctx)
+        for kind, names, exprs in node.steps:
+            if kind == "filter":
+                df = df.filter(exprs[0])
+            else:
+                df = df.selectExpr(*[f"{e} AS {quote(n)}" for n, e in zip(names, exprs)], W)
+        return df
     if isinstance(node, PUnion):
         parts = [evaluate(c, ctx).toDF(*node.columns, WEIGHT) for c in node.children]
         return reduce(lambda a, b: a.union(b), parts)
@@ -76,21 +95,14 @@ def evaluate(node: PNode, ctx: BatchContext) -> DataFrame:
     raise TypeError(f"no runtime for {type(node).__name__}")
 
 
-def _stateless(node: PStateless, df: DataFrame) -> DataFrame:
-    for kind, names, exprs in node.steps:
-        if kind == "filter":
-            df = df.filter(exprs[0])
-        else:
-            df = df.selectExpr(*[f"{e} AS {quote(n)}" for n, e in zip(names, exprs)], WEIGHT)
-    return df
+@dataclass(frozen=True)
+class _AggShape:
+    """What an aggregate's SQL looks like for given input types (computed once per run)."""
 
-
-def bucket_of(keys: list[str], buckets: int) -> Column:
-    from pyspark.sql import functions as F
-
-    if not keys:
-        return F.lit(0)
-    return F.pmod(F.hash(*[F.col(quote(k)) for k in keys]), F.lit(buckets))
+    state_schema: Any
+    out_schema: Any
+    delta_exprs: tuple[str, ...]
+    ms_schemas: dict[int, Any]
 
 
 class _Aggregate:
@@ -106,172 +118,164 @@ class _Aggregate:
         self.ctx = ctx
         self.keys = [quote(k) for k in node.keys]
 
-    def run(self, delta: DataFrame) -> DataFrame:
-        from pyspark.sql import functions as F
+    def shape(self, delta: DataFrame) -> _AggShape:
+        key = f"{self.node.id}:{delta.schema.simpleString()}"
+        if key not in self.ctx.memo:
+            self.ctx.memo[key] = self._shape(delta)
+        return self.ctx.memo[key]
+
+    def _shape(self, delta: DataFrame) -> _AggShape:
         from pyspark.sql.types import LongType, StructField, StructType
 
-        node, ctx = self.node, self.ctx
+        node = self.node
         types = {f.name: f.dataType for f in delta.schema.fields}
-        key_fields = [StructField(k, types[k]) for k in node.keys]
-        acc_fields: list[StructField] = []
-        d_exprs: list[Column] = [F.sum(WEIGHT).alias(f"d{COUNT}")]
+        out_exprs: list[str] = []
+        acc: list[StructField] = []
+        d_exprs = [f"sum({W}) AS d{COUNT}"]
+        ms: dict[int, Any] = {}
         for i, a in enumerate(node.aggs):
-            x = F.col(quote(a.arg)) if a.arg else None
-            w_if = F.when(x.isNotNull(), F.col(WEIGHT)).otherwise(0) if x is not None else None
-            if a.strategy == "count" and x is not None:
-                acc_fields.append(StructField(f"c{i}", LongType()))
-                d_exprs.append(F.sum(w_if).alias(f"dc{i}"))
+            x = quote(a.arg) if a.arg else None
+            if a.arg is None:
+                out_exprs.append(f"count(1) AS {quote(node.columns[len(self.keys) + i])}")
+            else:
+                inner = f"DISTINCT {x}" if a.distinct else x
+                out_exprs.append(f"{a.func}({inner}) AS {quote(node.columns[len(self.keys) + i])}")
+            w_if = f"CASE WHEN {x} IS NOT NULL THEN {W} ELSE 0 END"
+            if a.strategy == "count":
+                if x is not None:
+                    acc.append(StructField(f"c{i}", LongType()))
+                    d_exprs.append(f"sum({w_if}) AS dc{i}")
             elif a.strategy == "sum":
-                sum_type = delta.select(F.sum(x)).schema.fields[0].dataType
-                acc_fields += [StructField(f"c{i}", LongType()), StructField(f"s{i}", sum_type)]
-                d_exprs += [F.sum(w_if).alias(f"dc{i}"),
-                            F.sum(x.cast(sum_type) * F.col(WEIGHT)).cast(sum_type).alias(f"ds{i}")]
+                st = delta.selectExpr(f"sum({x})").schema.fields[0].dataType
+                acc += [StructField(f"c{i}", LongType()), StructField(f"s{i}", st)]
+                t = st.simpleString()
+                d_exprs += [f"sum({w_if}) AS dc{i}",
+                            f"CAST(sum(CAST({x} AS {t}) * {W}) AS {t}) AS ds{i}"]
             elif a.strategy == "running":
-                acc_fields.append(StructField(f"m{i}", types[a.arg]))
-                d_exprs.append((F.min(x) if a.func == "min" else F.max(x)).alias(f"dm{i}"))
-            elif a.strategy == "multiset":
-                out_type = LongType() if a.func == "count" else types[a.arg]
-                acc_fields.append(StructField(f"m{i}", out_type))
-        state_schema = StructType([*key_fields, StructField(COUNT, LongType()), *acc_fields])
-        self.out_schema = self.output_schema(delta)
+                acc.append(StructField(f"m{i}", types[a.arg]))
+                d_exprs.append(f"{a.func}({x}) AS dm{i}")
+            else:
+                acc.append(StructField(f"m{i}", LongType() if a.func == "count" else
+                                       types[a.arg]))
+                ms[i] = StructType([*[StructField(k, types[k]) for k in node.keys],
+                                    StructField("v", types[a.arg]), StructField("cnt", LongType())])
+        state = StructType([*[StructField(k, types[k]) for k in node.keys],
+                            StructField(COUNT, LongType()), *acc])
+        probe = delta.limit(0).groupBy(*self.keys)
+        probe = probe.agg(*[_expr(e) for e in out_exprs]) if out_exprs else \
+            delta.limit(0).selectExpr(*self.keys)
+        return _AggShape(state, probe.schema, tuple(d_exprs), ms)
 
-        grouped = delta.groupBy(*self.keys).agg(*d_exprs)
-        dagg = ctx.persist(grouped.withColumn(BUCKET, bucket_of(list(node.keys), ctx.buckets)))
+    def run(self, delta: DataFrame) -> DataFrame:
+        node, ctx = self.node, self.ctx
+        shape = self.shape(delta)
+        bucket = bucket_sql(node.keys, ctx.buckets)
+        if shape.ms_schemas:
+            delta = ctx.persist(delta)  # read by the multisets too
+        grouped = delta.groupBy(*self.keys).agg(*[_expr(e) for e in shape.delta_exprs])
+        dagg = ctx.persist(grouped.selectExpr("*", f"{bucket} AS {BUCKET}"))
         touched = {r[0] for r in dagg.select(BUCKET).distinct().collect()}
         if not touched:
-            return self.empty_output(delta)
-        old = ctx.read_state(node.id, state_schema, touched)
-        old = old.withColumn(BUCKET, bucket_of(list(node.keys), ctx.buckets))
-        multisets = {i: self.multiset(i, delta, touched) for i, a in enumerate(node.aggs)
-                     if a.strategy == "multiset"}
-
-        d = dagg.alias("d")
-        for i, result in multisets.items():
-            # Attach each multiset's per-group result to the Δ side before the join.
-            on = [F.col(f"d.{k}").eqNullSafe(F.col(f"r{i}.{k}")) for k in self.keys]
-            d = (d.join(result.alias(f"r{i}"), on or F.lit(True), "left")
-                 .select("d.*", F.col(f"r{i}.r{i}").alias(f"r{i}")).alias("d"))
-        o = old.alias("o")
-        cond = [F.col(f"o.{k}").eqNullSafe(F.col(f"d.{k}")) for k in self.keys]
-        joined = o.join(d, cond or F.lit(True), "full_outer")
-        key_cols = [F.coalesce(F.col(f"o.{k}"), F.col(f"d.{k}")).alias(n)
-                    for k, n in zip(self.keys, node.keys)]
-        z = F.lit(0)
-        new_n = F.coalesce(F.col(f"o.{COUNT}"), z) + F.coalesce(F.col(f"d.d{COUNT}"), z)
-        cols = [*key_cols,
-                F.coalesce(F.col(f"o.{BUCKET}"), F.col(f"d.{BUCKET}")).alias(BUCKET),
-                (F.col(f"d.d{COUNT}").isNotNull() | F.lit(not self.keys)).alias("_touched"),
-                F.col(f"o.{COUNT}").alias(f"o{COUNT}"), new_n.alias(f"n{COUNT}")]
-        for f in acc_fields:
-            name, old_c = f.name, F.col(f"o.{f.name}")
-            i = int(name[1:])
-            a = node.aggs[i]
-            if name[0] in "cs":
-                new = (F.coalesce(old_c, F.lit(0).cast(f.dataType))
-                       + F.coalesce(F.col(f"d.d{name}"), F.lit(0).cast(f.dataType)))
-                new = new.cast(f.dataType)
-            elif a.strategy == "running":
-                pick = F.least if a.func == "min" else F.greatest
-                new = pick(old_c, F.col(f"d.d{name}"))
-            else:  # multiset: the group's result if the batch touched it, else unchanged
-                result = F.col(f"d.r{i}") if a.func != "count" else \
-                    F.coalesce(F.col(f"d.r{i}"), z)
-                new = F.when(F.col(f"d.d{COUNT}").isNotNull() | F.lit(not self.keys),
-                             result).otherwise(old_c)
-            cols += [old_c.alias(f"o{name}"), new.alias(f"n{name}")]
-        table = ctx.persist(joined.select(*cols))
-
-        keep = F.lit(True) if not self.keys else F.col(f"n{COUNT}") != 0
-        new_state = table.filter(keep).select(
-            *[quote(k) for k in node.keys], F.col(f"n{COUNT}").alias(COUNT),
-            *[F.col(f"n{f.name}").alias(f.name) for f in acc_fields], BUCKET)
+            return ctx.spark.createDataFrame([], shape.out_schema).selectExpr(
+                "*", f"CAST(0 AS BIGINT) AS {W}")
+        old = ctx.read_state(node.id, shape.state_schema, touched)
+        d = dagg
+        for i in shape.ms_schemas:
+            result = self.multiset(i, delta, touched, shape.ms_schemas[i])
+            on = " AND ".join(f"d.{k} <=> r.{k}" for k in self.keys) or "true"
+            d = (d.alias("d").join(result.alias("r"), _expr(on), "left")
+                 .selectExpr("d.*", f"r.r{i} AS r{i}"))
+        on = " AND ".join(f"o.{k} <=> d.{k}" for k in self.keys) or "true"
+        joined = old.alias("o").join(d.alias("d"), _expr(on), "full_outer")
+        table = ctx.persist(joined.selectExpr(*self.merge_exprs(shape)))
+        keep = "true" if not self.keys else f"n{COUNT} != 0"
+        new_state = table.filter(keep).selectExpr(
+            *self.keys, f"n{COUNT} AS {COUNT}",
+            *[f"n{f.name} AS {f.name}" for f in shape.state_schema.fields[len(self.keys) + 1:]],
+            BUCKET)
         ctx.writes.append(StagedWrite(node.id, new_state, sorted(touched)))
-        return self.output(table)
+        return self.output(table, shape)
 
-    def multiset(self, i: int, delta: DataFrame, touched: set[int]) -> DataFrame:
+    def merge_exprs(self, shape: _AggShape) -> list[str]:
+        """Old and new accumulators side by side for every row of the touched buckets."""
+        node = self.node
+        touched = f"(d.d{COUNT} IS NOT NULL OR {str(not self.keys).lower()})"
+        exprs = [f"coalesce(o.{k}, d.{k}) AS {k}" for k in self.keys]
+        exprs += [f"{touched} AS _touched", f"o.{COUNT} AS o{COUNT}",
+                  f"coalesce(o.{COUNT}, 0) + coalesce(d.d{COUNT}, 0) AS n{COUNT}"]
+        for f in shape.state_schema.fields[len(self.keys) + 1:]:
+            name, i = f.name, int(f.name[1:])
+            a, t = node.aggs[i], f.dataType.simpleString()
+            if name[0] in "cs":
+                new = (f"CAST(coalesce(o.{name}, CAST(0 AS {t})) + "
+                       f"coalesce(d.d{name}, CAST(0 AS {t})) AS {t})")
+            elif a.strategy == "running":
+                new = f"{'least' if a.func == 'min' else 'greatest'}(o.{name}, d.d{name})"
+            else:  # multiset: the group's new result if the batch touched it, else unchanged
+                result = f"coalesce(d.r{i}, 0)" if a.func == "count" else f"d.r{i}"
+                new = f"CASE WHEN {touched} THEN {result} ELSE o.{name} END"
+            exprs += [f"o.{name} AS o{name}", f"{new} AS n{name}"]
+        key = ", ".join(f"coalesce(o.{k}, d.{k})" for k in self.keys)
+        exprs.append(f"pmod(hash({key}), {self.ctx.buckets}) AS {BUCKET}" if key
+                     else f"0 AS {BUCKET}")
+        return exprs
+
+    def multiset(self, i: int, delta: DataFrame, touched: set[int], schema: Any) -> DataFrame:
         """Update the (keys, value) -> count table of aggregate ``i``; per-group result."""
-        from pyspark.sql import functions as F
-        from pyspark.sql.types import LongType, StructField, StructType
-
         node, ctx = self.node, self.ctx
         a = node.aggs[i]
         table = node.multiset_table(i)
-        vtype = delta.schema[a.arg].dataType
-        schema = StructType([*[delta.schema[k] for k in node.keys], StructField("v", vtype),
-                             StructField("cnt", LongType())])
-        dv = (delta.filter(F.col(quote(a.arg)).isNotNull())
-              .groupBy(*self.keys, F.col(quote(a.arg)).alias("v"))
-              .agg(F.sum(WEIGHT).alias("dcnt")))
+        x = quote(a.arg)
+        dv = (delta.filter(f"{x} IS NOT NULL")
+              .groupBy(*self.keys, _expr(f"{x} AS v"))
+              .agg(_expr(f"sum({W}) AS dcnt")))
         old = ctx.read_state(table, schema, touched)
-        on = [*self.keys, "v"]
-        cond = [F.col(f"o.{c}").eqNullSafe(F.col(f"d.{c}")) for c in on]
-        merged = old.alias("o").join(dv.alias("d"), cond, "full_outer").select(
-            *[F.coalesce(F.col(f"o.{c}"), F.col(f"d.{c}")).alias(c.strip("`")) for c in on],
-            (F.coalesce(F.col("o.cnt"), F.lit(0)) + F.coalesce(F.col("d.dcnt"), F.lit(0)))
-            .alias("cnt"))
-        merged = ctx.persist(merged.filter("cnt != 0")
-                             .withColumn(BUCKET, bucket_of(list(node.keys), ctx.buckets)))
+        on = " AND ".join(f"o.{c} <=> d.{c}" for c in [*self.keys, "v"])
+        merged = old.alias("o").join(dv.alias("d"), _expr(on), "full_outer").selectExpr(
+            *[f"coalesce(o.{c}, d.{c}) AS {c}" for c in [*self.keys, "v"]],
+            "coalesce(o.cnt, 0) + coalesce(d.dcnt, 0) AS cnt")
+        merged = ctx.persist(merged.filter("cnt != 0").selectExpr(
+            "*", f"{bucket_sql(node.keys, ctx.buckets)} AS {BUCKET}"))
         ctx.writes.append(StagedWrite(table, merged, sorted(touched)))
-        live = merged.filter("cnt > 0")
-        agg = {"min": F.min("v"), "max": F.max("v"), "count": F.count("v")}[a.func]
-        return live.groupBy(*self.keys).agg(agg.alias(f"r{i}"))
+        fn = "count" if a.func == "count" else a.func
+        return merged.filter("cnt > 0").groupBy(*self.keys).agg(_expr(f"{fn}(v) AS r{i}"))
 
-    def values(self, side: str) -> list[Column]:
-        """Output columns (keys, then aggregates) computed from the ``o``/``n`` accumulators."""
-        from pyspark.sql import functions as F
-
-        out = [F.col(quote(k)) for k in self.node.keys]
+    def values(self, side: str) -> list[str]:
+        """Output values (keys, then aggregates) from the ``o``/``n`` accumulators."""
+        out = list(self.keys)
         for i, a in enumerate(self.node.aggs):
-            c = F.col(f"{side}c{i}")
             if a.strategy == "count":
-                v = F.col(f"{side}{COUNT}") if a.arg is None else c
+                out.append(f"{side}{COUNT}" if a.arg is None else f"{side}c{i}")
             elif a.strategy == "sum":
-                s = F.col(f"{side}s{i}")
-                v = F.when(c > 0, s if a.func == "sum" else s / c)
+                s = f"{side}s{i}" if a.func == "sum" else f"{side}s{i} / {side}c{i}"
+                out.append(f"CASE WHEN {side}c{i} > 0 THEN {s} END")
             else:
-                v = F.col(f"{side}m{i}")
-            out.append(v)
+                out.append(f"{side}m{i}")
         return out
 
-    def output(self, table: DataFrame) -> DataFrame:
-        from pyspark.sql import functions as F
-
-        node = self.node
-        names = list(node.columns)
-        old_exists = F.col(f"o{COUNT}").isNotNull() & (
-            F.lit(True) if not self.keys else F.col(f"o{COUNT}") > 0)
-        new_exists = F.lit(True) if not self.keys else F.col(f"n{COUNT}") > 0
+    def output(self, table: DataFrame, shape: _AggShape) -> DataFrame:
+        names = [quote(c) for c in self.node.columns]
+        types = [f.dataType.simpleString() for f in shape.out_schema.fields]
         old_v, new_v = self.values("o"), self.values("n")
-        same = reduce(lambda x, y: x & y, [a.eqNullSafe(b) for a, b in zip(old_v, new_v)],
-                      F.lit(True))
-        changed = ~(old_exists & new_exists & same)
-        touched = table.filter(F.col("_touched") & changed)
-        types = [f.dataType for f in self.out_schema.fields[: len(names)]]
-        old_rows = touched.filter(old_exists).select(
-            *[v.cast(t).alias(n) for v, n, t in zip(old_v, names, types)],
-            F.lit(-1).cast("bigint").alias(WEIGHT))
-        new_rows = touched.filter(new_exists).select(
-            *[v.cast(t).alias(n) for v, n, t in zip(new_v, names, types)],
-            F.lit(1).cast("bigint").alias(WEIGHT))
-        return old_rows.union(new_rows)
+        if self.keys:
+            old_exists, new_exists = f"coalesce(o{COUNT} > 0, false)", f"n{COUNT} > 0"
+        else:
+            old_exists, new_exists = f"o{COUNT} IS NOT NULL", "true"
+        same = " AND ".join(f"({a}) <=> ({b})" for a, b in zip(old_v, new_v)) or "true"
+        changed = f"_touched AND NOT ({old_exists} AND {new_exists} AND {same})"
 
-    def empty_output(self, delta: DataFrame) -> DataFrame:
-        return self.ctx.spark.createDataFrame([], self.out_schema)
+        def side(values: list[str], exists: str, weight: int) -> list[str]:
+            cols = [f"CAST({v} AS {t}) AS {n}" for v, t, n in zip(values, types, names)]
+            return [f"CASE WHEN {exists} THEN struct({', '.join(cols)}, "
+                    f"CAST({weight} AS BIGINT) AS {W}) END"]
 
-    def output_schema(self, delta: DataFrame):
-        from pyspark.sql import functions as F
-        from pyspark.sql.types import LongType, StructField, StructType
+        rows = table.filter(changed).selectExpr(
+            f"explode(filter(array({side(old_v, old_exists, -1)[0]}, "
+            f"{side(new_v, new_exists, 1)[0]}), x -> x IS NOT NULL)) AS r")
+        return rows.selectExpr("r.*")
 
-        # Build the output schema by analysing a zero-row aggregate (no job runs).
-        aggs = []
-        for a, n in zip(self.node.aggs, self.node.columns[len(self.node.keys):]):
-            if a.arg is None:
-                aggs.append(F.count(F.lit(1)).alias(n))
-                continue
-            x = F.col(quote(a.arg))
-            fn = {"count": F.count, "sum": F.sum, "avg": F.avg, "min": F.min, "max": F.max}
-            aggs.append((F.count_distinct(x) if a.distinct else fn[a.func](x)).alias(n))
-        probe = delta.limit(0).groupBy(*self.keys).agg(*aggs) if aggs else \
-            delta.limit(0).select(*self.keys)
-        return StructType([*probe.schema.fields, StructField(WEIGHT, LongType())])
 
+def _expr(sql: str):
+    from pyspark.sql import functions as F
+
+    return F.expr(sql)

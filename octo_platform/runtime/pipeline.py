@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import json
 import time
+from functools import reduce
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Callable, Protocol
 
@@ -20,7 +21,7 @@ from octo_platform.logical.plan import quote
 from octo_platform.physical.plan import PSource
 from octo_platform.project import CompiledTable, Project
 from octo_platform.runtime.columns import BUCKET, WEIGHT
-from octo_platform.runtime.operators import BatchContext, StagedWrite, bucket_of, evaluate
+from octo_platform.runtime.operators import BatchContext, StagedWrite, bucket_sql, evaluate
 
 if TYPE_CHECKING:
     import pyarrow as pa
@@ -69,7 +70,7 @@ class Store(Protocol):
     def arrow_schema(self, path: str) -> pa.Schema | None: ...
     def write(self, path: str, data: pa.Table, *, app_id: str, batch: int, mode: str = ...,
               partition_by: list[str] | None = None,
-              buckets: list[int] | None = None) -> bool: ...
+              buckets: list[int] | None = None) -> int | None: ...
 
 
 @dataclass(frozen=True)
@@ -78,7 +79,7 @@ class Environment:
 
     store: Store
     list_files: Callable[[str], list[str]]
-    read_files: Callable[..., tuple[DataFrame, DataFrame]]
+    read_files: Callable[..., Any]
     file_source: Callable[..., Any]
     decode_changelog: Callable[[DataFrame, tuple[str, ...]], DataFrame]
     encode_changelog: Callable[..., DataFrame]
@@ -216,6 +217,7 @@ class Pipeline:
         self.progress = progress
         self.name = table.name
         self.fingerprint = f"{table.physical.fingerprint}-b{buckets}"
+        self.memo: dict[str, Any] = {}
         self.check_fingerprint()
 
     def check_fingerprint(self) -> None:
@@ -246,21 +248,17 @@ class Pipeline:
         pinned: dict[str, int | None] = previous.get("versions", {})
         stats = BatchStats(self.name, batch)
         ctx = BatchContext(self.spark, batch, self.buckets, {}, lambda t, b: self.env.store.files(
-            self.layout.state(self.name, t), pinned.get(f"state/{t}"), b))
+            self.layout.state(self.name, t), pinned.get(f"state/{t}"), b), memo=self.memo)
         try:
             dead = self.read_inputs(ctx, inputs, stats)
             delta = evaluate(self.table.physical.root, ctx)
             events, current = self.sink(ctx, delta, pinned, ts_ms, stats)
             dead_rows = self.dead_letters(dead, batch, ts_ms)
-            stats.dead_letters = dead_rows.num_rows
-            self.commit_writes(ctx, current, events, dead_rows, batch)
+            stats.dead_letters = 0 if dead_rows is None else dead_rows.num_rows
+            versions = self.commit_writes(ctx, current, events, dead_rows, pinned)
         finally:
             ctx.release()
         stats.seconds = time.monotonic() - started
-        versions = {f"state/{t}": self.env.store.version(self.layout.state(self.name, t))
-                    for t in self.table.physical.state_tables}
-        versions["current"] = self.env.store.version(self.layout.current(self.name))
-        versions["changelog"] = self.env.store.version(self.layout.changelog(self.name))
         log.append(batch, "commit", {"versions": versions, "stats": stats.to_json(),
                                      "fingerprint": self.fingerprint}, ts_ms)
         if self.progress:
@@ -269,20 +267,29 @@ class Pipeline:
 
     def read_inputs(self, ctx: BatchContext, inputs: dict[str, Any],
                     stats: BatchStats) -> list[DataFrame]:
+        """Register each source's weighted rows in ``ctx``; return the dead-letter frames."""
         dead: list[DataFrame] = []
         for src in self.table.physical.sources:
-            key = _source_key(src)
-            got = inputs.get(key)
-            if src.kind == "source":
-                sdef = self.project.source(src.name)
-                fsrc = self.env.file_source(sdef, self.project.source_path(sdef))
-                rows, bad = self.env.read_files(self.spark, fsrc, (got or {}).get("files", []))
-                dead.append(bad.withColumn("source", _lit(src.name)))
-            else:
+            got = inputs.get(_source_key(src))
+            if src.kind == "table":
                 rows = self.upstream_changes(src, got)
-            rows = ctx.persist(rows)
-            stats.rows_in += rows.count()
-            ctx.inputs[src.name.lower()] = rows
+                if got:  # an upstream changelog can be large; count only what we read
+                    rows = ctx.persist(rows)
+                    stats.rows_in += rows.count()
+                ctx.inputs[src.name.lower()] = rows
+                continue
+            sdef = self.project.source(src.name)
+            fsrc = self.env.file_source(sdef, self.project.source_path(sdef))
+            parsed = self.env.read_files(self.spark, fsrc, (got or {}).get("files", []))
+            records = ctx.persist(parsed.records)
+            # One job parses the files and counts good and bad records.
+            counts = dict(records.groupBy(F_isnull("_reason")).count().collect())
+            stats.rows_in += counts.get(True, 0)
+            if counts.get(False, 0):
+                dead.append(records.filter("_reason IS NOT NULL").selectExpr(
+                    "_raw AS raw", "_file AS source_file", f"'{src.name}' AS source",
+                    "_reason AS reason"))
+            ctx.inputs[src.name.lower()] = parsed.rows(records.filter("_reason IS NULL"))
         return dead
 
     def upstream_changes(self, src: PSource, got: dict[str, Any] | None) -> DataFrame:
@@ -304,25 +311,26 @@ class Pipeline:
 
     def sink(self, ctx: BatchContext, delta: DataFrame, pinned: dict[str, int | None],
              ts_ms: int, stats: BatchStats) -> tuple[pa.Table, list[StagedWrite]]:
-        """Consolidate Δ, stage the current-state update and return the changelog events."""
-        from pyspark.sql import functions as F
-
-        plan = self.table.physical
-        cols = [quote(c) for c in plan.root.columns]
-        cons = ctx.persist(delta.groupBy(*cols).agg(F.sum(WEIGHT).alias(WEIGHT))
-                           .filter(F.col(WEIGHT) != 0))
-        events = self.env.encode_changelog(cons, plan.root.columns, plan.pk, table=self.name,
-                                           batch=ctx.batch, ts_ms=ts_ms)
-        table = events.toArrow()
+        """Consolidate Δ into change events; stage the update of the current-state table."""
         import pyarrow.compute as pc
 
+        plan = self.table.physical
+        columns = plan.root.columns
+        cols = [quote(c) for c in columns]
+        w = quote(WEIGHT)
+        cons = ctx.persist(delta.groupBy(*cols).agg(_sum_weight()).filter(f"{w} != 0"))
+        events = self.env.encode_changelog(cons, columns, plan.pk, table=self.name,
+                                           batch=ctx.batch, ts_ms=ts_ms)
+        # The current-state table is bucketed by primary key (or the whole row); the bucket
+        # of each event's row rides along with the events so no extra job is needed.
+        key = list(plan.pk) if plan.pk is not None else list(columns)
+        ref = ", ".join(f"coalesce(after.{quote(k)}, before.{quote(k)})" for k in key)
+        sb = f"pmod(hash({ref}), {self.buckets})" if key else "0"
+        table = events.selectExpr("*", f"{sb} AS _sb").toArrow()
+        touched = set(pc.unique(table.column("_sb")).to_pylist()) if len(table) else set()
+        table = table.drop_columns(["_sb"])
         counts = pc.value_counts(table.column("op")).to_pylist() if len(table) else []
         stats.events = {c["values"]: c["counts"] for c in counts}
-
-        # Current state: rows keyed by the primary key (or the whole row), bucketed.
-        key = list(plan.pk) if plan.pk else list(plan.root.columns)
-        bucketed = cons.withColumn(BUCKET, bucket_of(key, self.buckets))
-        touched = {r[0] for r in bucketed.select(BUCKET).distinct().collect()}
         if not touched and pinned.get("current") is not None:
             return table, []
         schema = cons.drop(WEIGHT).schema
@@ -330,44 +338,48 @@ class Pipeline:
                                      touched)
         old = (self.spark.read.schema(schema).parquet(*files) if files
                else self.spark.createDataFrame([], schema))
-        merged = (old.withColumn(WEIGHT, F.lit(1).cast("bigint")).unionByName(cons)
-                  .groupBy(*cols).agg(F.sum(WEIGHT).alias(WEIGHT)).filter(F.col(WEIGHT) > 0))
-        rows = merged.select(*cols, F.explode(F.sequence(F.lit(1), F.col(WEIGHT).cast("int")))
-                             .alias("_i")).drop("_i").withColumn(BUCKET, bucket_of(key, self.buckets))
+        merged = (old.selectExpr("*", f"CAST(1 AS BIGINT) AS {w}").unionByName(cons)
+                  .groupBy(*cols).agg(_sum_weight()).filter(f"{w} > 0"))
+        rows = merged.selectExpr(*cols, f"explode(sequence(1, CAST({w} AS INT))) AS _i") \
+            .selectExpr(*cols, f"{bucket_sql(key, self.buckets)} AS {BUCKET}")
         return table, [StagedWrite("current", rows, sorted(touched))]
 
-    def dead_letters(self, dead: list[DataFrame], batch: int, ts_ms: int) -> pa.Table:
-        from functools import reduce
-
-        from pyspark.sql import functions as F
-
-        df = reduce(lambda a, b: a.unionByName(b), dead) if dead else None
-        if df is None:
-            import pyarrow as pa
-
-            return pa.table({"raw": pa.array([], pa.string())})
-        return df.select("raw", "source_file", "source", "reason",
-                         F.lit(self.name).alias("table"),
-                         F.lit(batch).cast("bigint").alias("batch_id"),
-                         F.lit(ts_ms).cast("bigint").alias("ts_ms")).toArrow()
+    def dead_letters(self, dead: list[DataFrame], batch: int, ts_ms: int) -> pa.Table | None:
+        if not dead:
+            return None
+        name = self.name.replace("'", "''")
+        return reduce(lambda a, b: a.unionByName(b), dead).selectExpr(
+            "raw", "source_file", "source", "reason", f"'{name}' AS table",
+            f"CAST({batch} AS BIGINT) AS batch_id", f"CAST({ts_ms} AS BIGINT) AS ts_ms").toArrow()
 
     def commit_writes(self, ctx: BatchContext, current: list[StagedWrite], events: pa.Table,
-                      dead: pa.Table, batch: int) -> None:
-        store, lay = self.env.store, self.layout
+                      dead: pa.Table | None, pinned: dict[str, int | None]) -> dict[str, int | None]:
+        """Write everything batch N produced, each write idempotent; the versions after N."""
+        store, lay, batch = self.env.store, self.layout, ctx.batch
+        versions = dict(pinned)
         for w in ctx.writes:
-            store.write(lay.state(self.name, w.table), w.data.toArrow(), app_id=APP_ID,
-                        batch=batch, partition_by=[BUCKET], buckets=w.buckets)
+            versions[f"state/{w.table}"] = store.write(
+                lay.state(self.name, w.table), w.data.toArrow(), app_id=APP_ID, batch=batch,
+                partition_by=[BUCKET], buckets=w.buckets)
         for w in current:
-            store.write(lay.current(self.name), w.data.toArrow(), app_id=APP_ID, batch=batch,
-                        partition_by=[BUCKET], buckets=w.buckets or None,
-                        mode="overwrite")
-        if dead.num_rows:
+            versions["current"] = store.write(
+                lay.current(self.name), w.data.toArrow(), app_id=APP_ID, batch=batch,
+                partition_by=[BUCKET], buckets=w.buckets or None, mode="overwrite")
+        if dead is not None and dead.num_rows:
             store.write(lay.dead_letters(self.name), dead, app_id=APP_ID, batch=batch)
-        if len(events) or store.version(lay.changelog(self.name)) is None:
-            store.write(lay.changelog(self.name), events, app_id=APP_ID, batch=batch)
+        if len(events) or pinned.get("changelog") is None:
+            versions["changelog"] = store.write(lay.changelog(self.name), events,
+                                                app_id=APP_ID, batch=batch)
+        return versions
 
 
-def _lit(value: str):
+def _sum_weight():
     from pyspark.sql import functions as F
 
-    return F.lit(value)
+    return F.expr(f"sum({quote(WEIGHT)}) AS {quote(WEIGHT)}")
+
+
+def F_isnull(column: str):  # noqa: N802 - reads like the SQL it stands for
+    from pyspark.sql import functions as F
+
+    return F.col(column).isNull().alias("good")

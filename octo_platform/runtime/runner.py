@@ -184,8 +184,9 @@ def _await(q: _Query, query, deadline: float | None) -> None:
     try:
         query.awaitTermination()
     except Exception as e:
+        cause = q.error or e
         raise RunError(f"streaming table {q.pipeline.name!r} failed: "
-                       f"{q.error or e}") from (q.error or e)
+                       f"{type(cause).__name__}: {cause}") from cause
     finally:
         q.cleanup()
 

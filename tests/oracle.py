@@ -1,0 +1,171 @@
+"""Test oracle: replay a changelog and compare it with the same SQL run as a batch query.
+
+The batch side is Spark itself: every CREATE SOURCE becomes a temp view over all input rows
+(for Debezium input: the rows alive after all events), every CREATE VIEW / CREATE STREAMING
+TABLE a temp view of its query, so the SELECT runs unchanged over all input seen so far.
+"""
+from __future__ import annotations
+
+import json
+import math
+import random
+from collections import Counter
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from deltalake import DeltaTable
+
+from octo_platform.frontend.parser import SourceStmt, TableStmt, ViewStmt, parse_sql
+
+__all__ = ["norm", "replay", "batch_result", "check_changelog", "RandomInput", "write_lines"]
+
+
+def norm(value: Any) -> Any:
+    """Hashable, float-tolerant form of a value (structs become tuples)."""
+    if isinstance(value, float):
+        if math.isnan(value):
+            return "nan"
+        return float(f"{value:.9g}")
+    if isinstance(value, dict):
+        return tuple(norm(v) for v in value.values())
+    if isinstance(value, (list, tuple)):
+        return tuple(norm(v) for v in value)
+    if hasattr(value, "asDict"):
+        return tuple(norm(v) for v in value.asDict().values())
+    try:
+        from decimal import Decimal
+
+        if isinstance(value, Decimal):
+            return float(f"{float(value):.9g}")
+    except ImportError:  # pragma: no cover
+        pass
+    return value
+
+
+def changelog_events(warehouse: str | Path, table: str) -> list[dict[str, Any]]:
+    path = Path(warehouse) / table
+    if not (path / "_delta_log").exists():
+        return []
+    rows = DeltaTable(str(path)).to_pyarrow_table().to_pylist()
+    return sorted(rows, key=lambda r: r["source"]["batch_id"])
+
+
+def replay(warehouse: str | Path, table: str) -> Counter:
+    """The multiset of rows obtained by applying every change event in batch order."""
+    state: Counter = Counter()
+    for e in changelog_events(warehouse, table):
+        if e["before"] is not None:
+            key = norm(e["before"])
+            state[key] -= 1
+            assert state[key] >= 0, f"{table}: {e['op']} removes a row that is not there: {key}"
+        if e["after"] is not None:
+            state[norm(e["after"])] += 1
+    return +state
+
+
+def current(warehouse: str | Path, table: str) -> Counter:
+    rows = DeltaTable(str(Path(warehouse) / "_current" / table)).to_pyarrow_table()
+    rows = rows.drop_columns(["_bucket"]).to_pylist()
+    return Counter(norm(r) for r in rows)
+
+
+def check_changelog(warehouse: str | Path, table: str, pk: bool) -> None:
+    """Contract checks: consolidated per batch, u only with a key, ops well-formed."""
+    by_batch: dict[int, list[dict[str, Any]]] = {}
+    for e in changelog_events(warehouse, table):
+        by_batch.setdefault(e["source"]["batch_id"], []).append(e)
+        assert e["source"]["table"] == table
+        assert e["op"] in ("c", "u", "d")
+        assert (e["before"] is None) == (e["op"] == "c")
+        assert (e["after"] is None) == (e["op"] == "d")
+        if e["op"] == "u":
+            assert pk, f"{table}: u event without a primary key"
+            assert norm(e["before"]) != norm(e["after"]), f"{table}: no-op u event {e}"
+    for batch, events in by_batch.items():
+        ins = Counter(norm(e["after"]) for e in events if e["after"] is not None)
+        dels = Counter(norm(e["before"]) for e in events if e["before"] is not None)
+        both = set(ins) & set(dels)
+        assert not both, f"{table} batch {batch}: inserted and deleted in one batch: {both}"
+
+
+def batch_result(spark, sql_text: str, inputs: dict[str, list[dict[str, Any]]],
+                 table: str) -> Counter:
+    """Run ``table``'s SELECT as a Spark batch query over ``inputs`` (rows per source)."""
+    for stmt in parse_sql(sql_text):
+        if isinstance(stmt, SourceStmt):
+            ddl = ", ".join(f"`{c}` {t}" for c, t in stmt.columns)
+            rows = [tuple(r.get(c) for c, _ in stmt.columns) for r in inputs[stmt.name]]
+            spark.createDataFrame(rows, ddl).createOrReplaceTempView(stmt.name)
+        elif isinstance(stmt, (ViewStmt, TableStmt)):
+            spark.sql(stmt.sql).createOrReplaceTempView(stmt.name)
+    return Counter(norm(tuple(r)) for r in spark.table(table).collect())
+
+
+def write_lines(directory: Path, name: str, lines: list[str]) -> Path:
+    directory.mkdir(parents=True, exist_ok=True)
+    tmp = directory / f".{name}.tmp"
+    tmp.write_text("".join(line + "\n" for line in lines))
+    final = directory / name
+    tmp.rename(final)
+    return final
+
+
+@dataclass
+class RandomInput:
+    """Random rows ``(id, k, g, v, d)`` as appends or as a consistent Debezium feed."""
+
+    seed: int
+    debezium: bool
+    rows: dict[int, dict[str, Any]] = field(default_factory=dict)  # alive rows by id
+    appended: list[dict[str, Any]] = field(default_factory=list)
+    next_id: int = 0
+    DDL = (("id", "BIGINT"), ("k", "BIGINT"), ("g", "STRING"), ("v", "BIGINT"),
+           ("d", "DOUBLE"))
+
+    def __post_init__(self) -> None:
+        self.rng = random.Random(self.seed)
+
+    def row(self) -> dict[str, Any]:
+        r = self.rng
+        self.next_id += 1
+        return {"id": self.next_id, "k": r.randint(0, 12), "g": r.choice(["a", "b", "c", None]),
+                "v": None if r.random() < 0.1 else r.randint(-5, 100),
+                "d": round(r.uniform(0, 10), 2)}
+
+    def lines(self, n: int, bad: int = 0) -> list[str]:
+        """``n`` records (events) as JSON lines, plus ``bad`` malformed ones."""
+        out = []
+        for _ in range(n):
+            if not self.debezium:
+                row = self.row()
+                self.appended.append(row)
+                out.append(json.dumps(row))
+                continue
+            op = self.rng.choice("ccuud") if self.rows else "c"
+            if op == "c":
+                row = self.row()
+                self.rows[row["id"]] = row
+                out.append(json.dumps({"before": None, "after": row, "op": "c"}))
+            elif op == "u":
+                rid = self.rng.choice(sorted(self.rows))
+                old = self.rows[rid]
+                new = {**self.row(), "id": rid}
+                self.rows[rid] = new
+                event = {"before": old, "after": new, "op": "u"}
+                out.append(json.dumps({"payload": event} if self.rng.random() < 0.3 else event))
+            else:
+                rid = self.rng.choice(sorted(self.rows))
+                out.append(json.dumps({"before": self.rows.pop(rid), "after": None, "op": "d"}))
+        bad_lines = ['{"id": 1, "k": "not a number"}', "{oops"]
+        if self.debezium:
+            bad_lines.append('{"before": null, "after": null, "op": "u"}')
+        out.extend(self.rng.choice(bad_lines) for _ in range(bad))
+        self.rng.shuffle(out) if not self.debezium else None
+        return out
+
+    def relation(self) -> list[dict[str, Any]]:
+        return list(self.rows.values()) if self.debezium else list(self.appended)
+
+    def ddl(self) -> str:
+        return ", ".join(f"{c} {t}" for c, t in self.DDL)
