@@ -55,7 +55,8 @@ class Scan(Node):
     types: tuple[str, ...] = ()
 
     def describe(self) -> str:
-        cols = ", ".join(f"{c} {t}" for c, t in zip(self.columns, self.types))
+        cols = ", ".join(f"{c} {t}".strip() for c, t in zip(self.columns,
+                                                             self.types or ("",) * len(self.columns)))
         return f"Scan {self.kind} {self.name} [{cols}]"
 
 

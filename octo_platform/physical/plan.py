@@ -51,8 +51,8 @@ class PSource(PNode):
     kind: Literal["source", "table"] = "source"
 
     def describe(self) -> str:
-        how = "changelog of table" if self.kind == "table" else "source"
-        return f"ReadDelta {how} {self.name} -> [{', '.join(self.columns)}]"
+        how = "ReadChangelog table" if self.kind == "table" else "ReadSource"
+        return f"{how} {self.name} -> [{', '.join(self.columns)}]"
 
 
 Step = tuple[str, tuple[str, ...], tuple[str, ...]]  # ("filter"|"project", names, exprs)

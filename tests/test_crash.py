@@ -1,0 +1,90 @@
+"""Exactly-once under SIGKILL: runs killed at random moments, then resumed, must leave the
+same changelog, current state and dead letters as one uninterrupted run."""
+from __future__ import annotations
+
+import os
+import random
+import shutil
+import signal
+import subprocess
+import sys
+import time
+from collections import Counter
+from pathlib import Path
+
+from deltalake import DeltaTable
+
+from octo_platform.runtime.runner import run_tables
+from tests.oracle import RandomInput, batch_result, current, norm, replay, write_lines
+
+SQL = """
+CREATE SOURCE src ({ddl}) WITH (connector = 'files', path = 'data/src', format = '{fmt}',
+    max_files_per_batch = '1');
+CREATE STREAMING TABLE per_k AS SELECT k, COUNT(*) AS n, SUM(v) AS s, MAX(v) AS top
+    FROM src GROUP BY k;
+CREATE STREAMING TABLE histogram AS SELECT n, COUNT(*) AS ks, MIN(top) AS low
+    FROM per_k GROUP BY n;
+"""
+TABLES = ("per_k", "histogram")
+
+
+def events(warehouse: Path, table: str) -> Counter:
+    rows = DeltaTable(str(warehouse / table)).to_pyarrow_table().to_pylist()
+    return Counter((r["op"], norm(r["before"]), norm(r["after"]), r["source"]["batch_id"])
+                   for r in rows)
+
+
+def dead_letters(warehouse: Path, table: str) -> Counter:
+    path = warehouse / "_dead_letters" / table
+    if not path.exists():
+        return Counter()
+    rows = DeltaTable(str(path)).to_pyarrow_table().to_pylist()
+    return Counter((r["raw"], r["batch_id"]) for r in rows)
+
+
+def make_project(root: Path, debezium: bool) -> RandomInput:
+    fmt = "debezium-json" if debezium else "json"
+    src = RandomInput(99, debezium)
+    (root / "sql").mkdir(parents=True)
+    (root / "sql" / "t.sql").write_text(SQL.format(ddl=src.ddl(), fmt=fmt))
+    for i in range(8):
+        write_lines(root / "data" / "src", f"f{i:02d}.json", src.lines(30, bad=i % 3 == 0))
+    return src
+
+
+def test_sigkill_at_random_moments_loses_and_doubles_nothing(spark, tmp_path):
+    crashed, reference = tmp_path / "crashed", tmp_path / "reference"
+    src = make_project(crashed, debezium=True)
+    shutil.copytree(crashed, reference)
+    run_tables(spark, reference, until_idle=True, buckets=8, progress=None)
+
+    rng = random.Random(7)
+    env = {**os.environ, "PYSPARK_PYTHON": sys.executable}
+    cmd = [sys.executable, "-m", "octo_platform.cli", "run", "--all", "--until-idle",
+           "--project", str(crashed)]
+    kills = 0
+    for _attempt in range(6):
+        proc = subprocess.Popen(cmd, env=env, start_new_session=True,
+                                stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
+        deadline = time.monotonic() + rng.uniform(9, 24)
+        while time.monotonic() < deadline and proc.poll() is None:
+            time.sleep(0.2)
+        if proc.poll() is None and kills < 4:
+            os.killpg(proc.pid, signal.SIGKILL)  # the JVM and Python workers too
+            proc.wait()
+            kills += 1
+            continue
+        out = proc.communicate(timeout=600)[0].decode()
+        assert proc.returncode == 0, out
+        break
+    assert kills >= 2, "the test must actually kill runs mid-way"
+
+    for table in TABLES:
+        assert events(crashed / "warehouse", table) == events(reference / "warehouse", table)
+        assert current(crashed / "warehouse", table) == current(reference / "warehouse", table)
+        assert dead_letters(crashed / "warehouse", table) == \
+            dead_letters(reference / "warehouse", table)
+    sql = (crashed / "sql" / "t.sql").read_text()
+    for table in TABLES:
+        assert replay(crashed / "warehouse", table) == \
+            batch_result(spark, sql, {"src": src.relation()}, table)
