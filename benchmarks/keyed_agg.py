@@ -7,7 +7,7 @@ All contenders read the same parquet file stream (one micro-batch per file) in o
 (local[2]) and maintain `SELECT auction, COUNT(*), MAX(price) FROM bids GROUP BY auction`:
   a) spark-noop     native update-mode aggregation into the noop sink (lower bound, no output)
   b) spark+merge    (a) plus foreachBatch MERGE of the updated rows into Delta via delta-rs
-  c) octo           octo_platform's changelog runner (hook below, not wired yet)
+  c) octo           octo: Debezium changelog + current state + operator state in Delta
 Session startup and a warm-up of every variant on a small separate input (100K bids) are
 excluded from the timings.
 """
@@ -122,28 +122,58 @@ def write_octo_project(input_dir: Path, workdir: Path) -> Path:
     return project
 
 
-def run_octo(spark: Any, input_dir: Path, workdir: Path) -> None:
+def run_octo(spark: Any, input_dir: Path, workdir: Path) -> dict[str, Any]:
     """(c) octo: changelog-producing aggregation with Delta state, one batch per file."""
+    from deltalake import DeltaTable
+
+    from octo_platform.runtime.runner import run_tables
+
     project = write_octo_project(input_dir, workdir)
-    # TODO(octo runner): wire this once octo_platform.runtime.runner exists:
-    #   from octo_platform.runtime.runner import run_tables
-    #   run_tables(spark, project, warehouse=workdir / "warehouse", until_idle=True)
-    # and return per-batch times (same shape as the other runners) plus a result check.
-    del spark, project
-    raise NotImplementedError("octo runner not wired yet")
+    report = run_tables(spark, project, warehouse=str(workdir / "warehouse"), until_idle=True,
+                        progress=None)
+    final = DeltaTable(str(workdir / "warehouse" / "_current" / "auction_stats"))
+    bids = final.to_pyarrow_table(columns=["bids"])
+    return {"batch_s": [b.seconds for b in report.batches], "result_rows": bids.num_rows,
+            "result_bids": int(bids["bids"].to_numpy().sum())}
 
 
 def measure_batch_vs_state(spark: Any, workdir: Path, batch_events: int = 100_000,
                            state_keys: tuple[int, ...] = (100_000, 2_000_000)) -> dict[str, Any]:
-    """Time of one `batch_events` batch when octo's GROUP BY state already holds N keys, per N.
+    """Time of one ``batch_events`` batch when octo's GROUP BY state already holds N keys.
 
-    Plan: for each N, prime octo state with one file of N distinct auctions, then add one file of
-    `batch_events` bids over keys drawn from those N and time that single batch. With state laid
-    out as bucketed Delta tables, the batch time should grow far slower than N.
+    For each N: one priming file with N distinct auctions builds the state (not timed), then
+    one file of ``batch_events`` bids over keys drawn from those N is processed and timed.
     """
-    # TODO(octo runner): implement with write_octo_project + run_tables once octo is wired.
-    del spark, workdir, batch_events, state_keys
-    raise NotImplementedError("octo runner not wired yet")
+    from octo_platform.runtime.runner import run_tables
+
+    rng = np.random.default_rng(7)
+    out: dict[str, Any] = {}
+    for n in state_keys:
+        work = workdir / f"state-{n}"
+        shutil.rmtree(work, ignore_errors=True)
+        input_dir = work / "input"
+        input_dir.mkdir(parents=True)
+        _write_bids(input_dir / "part-00000.parquet", np.arange(n, dtype=np.int64), rng)
+        project = write_octo_project(input_dir, work)
+        run_tables(spark, project, warehouse=str(work / "warehouse"), progress=None)
+        keys = rng.integers(0, n, batch_events, dtype=np.int64)
+        _write_bids(input_dir / "part-00001.parquet", keys, rng)
+        report = run_tables(spark, project, warehouse=str(work / "warehouse"), progress=None)
+        out[f"batch_s_with_{n}_keys"] = round(report.batches[-1].seconds, 3)
+    return out
+
+
+def _write_bids(path: Path, auctions: Any, rng: Any) -> None:
+    n = len(auctions)
+    table = pa.table({
+        "auction": pa.array(auctions, pa.int64()),
+        "bidder": pa.array(rng.integers(0, 50_000, n), pa.int64()),
+        "price": pa.array(rng.integers(1, 10_000, n), pa.int64()),
+        "channel": pa.array(rng.choice(CHANNELS, n)),
+        "date_time": pa.array(np.full(n, 1_700_000_000_000_000, dtype="datetime64[us]"),
+                              pa.timestamp("us", tz="UTC")),
+    })
+    pq.write_table(table, path)
 
 
 def _timed(name: str, fn: Callable[[Any, Path, Path], Any], spark: Any, input_dir: Path,
@@ -151,10 +181,7 @@ def _timed(name: str, fn: Callable[[Any, Path, Path], Any], spark: Any, input_di
     shutil.rmtree(workdir, ignore_errors=True)
     workdir.mkdir(parents=True)
     t0 = time.perf_counter()
-    try:
-        extra = fn(spark, input_dir, workdir) or {}
-    except NotImplementedError as exc:
-        return {"contender": name, "status": f"skipped: {exc}"}
+    extra = fn(spark, input_dir, workdir) or {}
     wall = time.perf_counter() - t0
     times = extra.pop("batch_s", [])
     return {"contender": name, "status": "ok", "wall_s": round(wall, 3),
@@ -185,14 +212,10 @@ def main(argv: list[str] | None = None) -> int:
     input_dir = generate_bids(args.out / "input", args.bids, args.auctions, args.files, args.seed)
     warm_dir = generate_bids(args.out / "warmup", WARMUP_BIDS, 5_000, 4, args.seed + 1)
 
-    from pyspark.sql import SparkSession
+    from octo_platform.runtime.session import spark_session
 
-    spark = (SparkSession.builder.master("local[2]").appName("octo-bench-keyed-agg")
-             .config("spark.ui.enabled", "false")
-             .config("spark.ui.showConsoleProgress", "false").config("spark.driver.memory", "4g")
-             .config("spark.sql.shuffle.partitions", "2")
-             .config("spark.sql.streaming.numRecentProgressUpdates", "10000").getOrCreate())
-    spark.sparkContext.setLogLevel("WARN")
+    # One session, octo's local defaults (local[2], 2 shuffle partitions), for every contender.
+    spark = spark_session(conf={"spark.sql.streaming.numRecentProgressUpdates": "10000"})
     contenders: list[tuple[str, Callable[[Any, Path, Path], Any]]] = [
         ("a) spark native, noop sink", run_spark_noop),
         ("b) spark native + delta-rs MERGE", run_spark_merge),
@@ -203,11 +226,7 @@ def main(argv: list[str] | None = None) -> int:
             _timed(name, fn, spark, warm_dir, WARMUP_BIDS, args.out / "runs" / f"warmup-{i}")
         results = [_timed(name, fn, spark, input_dir, args.bids, args.out / "runs" / f"run-{i}")
                    for i, (name, fn) in enumerate(contenders)]
-        state_vs_batch: dict[str, Any]
-        try:
-            state_vs_batch = measure_batch_vs_state(spark, args.out / "runs" / "state")
-        except NotImplementedError as exc:
-            state_vs_batch = {"status": f"skipped: {exc}"}
+        state_vs_batch = measure_batch_vs_state(spark, args.out / "runs" / "state")
     finally:
         spark_version = spark.version
         spark.stop()
@@ -225,6 +244,10 @@ def main(argv: list[str] | None = None) -> int:
     extras = {r["contender"]: {k: v for k, v in r.items() if k.startswith(("foreach", "result"))}
               for r in results}
     print("\nextra:", json.dumps({k: v for k, v in extras.items() if v}))
+    rate = {r["contender"][0]: r.get("events_per_s") for r in results}
+    if all(rate.get(k) for k in "abc"):
+        print(f"octo / (a) = {rate['c'] / rate['a']:.2f}x (target >= 0.5x); "
+              f"octo / (b) = {rate['c'] / rate['b']:.2f}x (target >= 1.0x)")
     print("batch_vs_state:", json.dumps(state_vs_batch))
     print(f"results: {args.out / 'results.json'}")
     return 0

@@ -14,7 +14,7 @@ from octo_platform.runtime.columns import WEIGHT
 if TYPE_CHECKING:
     from pyspark.sql import DataFrame
 
-__all__ = ["decode", "validate", "encode", "CHANGELOG_OPS"]
+__all__ = ["decode", "validate", "encode", "encode_keyed", "CHANGELOG_OPS"]
 
 CHANGELOG_OPS = ("c", "u", "d", "r")
 
@@ -52,8 +52,6 @@ def encode(delta: DataFrame, columns: tuple[str, ...], pk: tuple[str, ...] | Non
     Without a primary key every unit of weight is a ``c`` or ``d``; with one, the i-th
     retraction and the i-th insertion of the same key become one ``u``.
     """
-    from pyspark.sql import functions as F
-
     # Image fields must be nullable: Spark's Arrow export rejects a NULL image (the `before`
     # of a `c`) whose struct has a non-nullable field. `_sign` is never 0.
     cols = ", ".join(f"CASE WHEN _sign = 0 THEN NULL ELSE {quote(c)} END AS {quote(c)}"
@@ -77,9 +75,36 @@ def encode(delta: DataFrame, columns: tuple[str, ...], pk: tuple[str, ...] | Non
         old = numbered.filter("_sign < 0").selectExpr(*ks, "_rn", "img AS before")
         new = numbered.filter("_sign > 0").selectExpr(*ks, "_rn", "img AS after")
         on = " AND ".join([*(f"o.{k} <=> n.{k}" for k in ks), "o._rn = n._rn"])
-        events = old.alias("o").join(new.alias("n"), F.expr(on), "full_outer").selectExpr(
+        events = old.alias("o").join(new.alias("n"), _expr(on), "full_outer").selectExpr(
             "CASE WHEN o.before IS NULL THEN 'c' WHEN n.after IS NULL THEN 'd' ELSE 'u' END AS op",
             "o.before AS before", "n.after AS after")
+    return _envelope(events, table=table, batch=batch, ts_ms=ts_ms)
+
+
+def encode_keyed(delta: DataFrame, columns: tuple[str, ...], pk: tuple[str, ...], *,
+                 table: str, batch: int, ts_ms: int) -> DataFrame:
+    """Change events when every key has at most one retraction and one insertion of weight 1
+    in the batch (the output of an aggregate): one shuffle by key, no consolidation."""
+    w = quote(WEIGHT)
+    cols = ", ".join(f"CASE WHEN {w} = 0 THEN NULL ELSE {quote(c)} END AS {quote(c)}"
+                     for c in columns)  # nullable fields: see ``encode``
+    keys = [quote(k) for k in pk]
+    grouped = delta.groupBy(*keys) if keys else delta.groupBy()
+    pairs = grouped.agg(_expr(f"max(CASE WHEN {w} < 0 THEN struct({cols}) END) AS before"),
+                        _expr(f"max(CASE WHEN {w} > 0 THEN struct({cols}) END) AS after"))
+    events = pairs.filter("NOT (before <=> after)").selectExpr(
+        "CASE WHEN before IS NULL THEN 'c' WHEN after IS NULL THEN 'd' ELSE 'u' END AS op",
+        "before", "after")
+    return _envelope(events, table=table, batch=batch, ts_ms=ts_ms)
+
+
+def _expr(sql: str):
+    from pyspark.sql import functions as F
+
+    return F.expr(sql)
+
+
+def _envelope(events: DataFrame, *, table: str, batch: int, ts_ms: int) -> DataFrame:
     name = table.replace("'", "''")
     return events.selectExpr(
         "op", "before", "after", f"CAST({int(ts_ms)} AS BIGINT) AS ts_ms",

@@ -24,4 +24,5 @@ def default_environment(storage_options: dict[str, str] | None = None) -> Enviro
         file_source=file_source,
         decode_changelog=debezium.decode,
         encode_changelog=debezium.encode,
+        encode_keyed=debezium.encode_keyed,
     )

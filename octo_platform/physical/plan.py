@@ -149,6 +149,7 @@ class PhysicalPlan:
     table: str
     root: PNode
     pk: tuple[str, ...] | None
+    keyed_changes: bool = False  # each key changes at most once per batch (aggregate output)
 
     @property
     def sources(self) -> tuple[PSource, ...]:
@@ -215,7 +216,19 @@ def lower(table: str, root: lp.Node, pk: tuple[str, ...] | None) -> PhysicalPlan
             return PUnion(next_id("union"), node.columns, node.mode, children=kids)
         raise TypeError(f"cannot lower {type(node).__name__}")
 
-    return PhysicalPlan(table, go(root), pk)
+    physical = go(root)
+    return PhysicalPlan(table, physical, pk, _keyed_changes(root, pk))
+
+
+def _keyed_changes(root: lp.Node, pk: tuple[str, ...] | None) -> bool:
+    """True when the output key is an aggregate's group key carried through filters and
+    projections: then a batch retracts and inserts at most one row per key."""
+    if pk is None or pk != root.pk:
+        return False
+    node = root
+    while isinstance(node, (lp.Filter, lp.Project)):
+        node = node.input
+    return isinstance(node, lp.Aggregate)
 
 
 def _strategy(a: lp.AggCall, input_mode: Mode) -> Literal["count", "sum", "running", "multiset"]:
@@ -230,7 +243,8 @@ def _strategy(a: lp.AggCall, input_mode: Mode) -> Literal["count", "sum", "runni
 
 def explain(plan: PhysicalPlan) -> str:
     pk = "none (bag: no u events)" if plan.pk is None else "(" + ", ".join(plan.pk) + ")"
-    lines = [f"ChangelogSink {plan.table} pk={pk} consolidate=per-batch"]
+    how = "pairs-by-key" if plan.keyed_changes else "consolidate-per-batch"
+    lines = [f"ChangelogSink {plan.table} pk={pk} encode={how}"]
 
     def visit(n: PNode, depth: int) -> None:
         lines.append(f"{'  ' * depth}{n.id}: {n.describe()}  mode={n.mode}")

@@ -83,6 +83,7 @@ class Environment:
     file_source: Callable[..., Any]
     decode_changelog: Callable[[DataFrame, tuple[str, ...]], DataFrame]
     encode_changelog: Callable[..., DataFrame]
+    encode_keyed: Callable[..., DataFrame]
 
 
 @dataclass
@@ -318,9 +319,14 @@ class Pipeline:
         columns = plan.root.columns
         cols = [quote(c) for c in columns]
         w = quote(WEIGHT)
-        cons = ctx.persist(delta.groupBy(*cols).agg(_sum_weight()).filter(f"{w} != 0"))
-        events = self.env.encode_changelog(cons, columns, plan.pk, table=self.name,
+        if plan.keyed_changes:
+            events = self.env.encode_keyed(delta, columns, plan.pk, table=self.name,
                                            batch=ctx.batch, ts_ms=ts_ms)
+            cons = ctx.persist(delta)
+        else:
+            cons = ctx.persist(delta.groupBy(*cols).agg(_sum_weight()).filter(f"{w} != 0"))
+            events = self.env.encode_changelog(cons, columns, plan.pk, table=self.name,
+                                               batch=ctx.batch, ts_ms=ts_ms)
         # The current-state table is bucketed by primary key (or the whole row); the bucket
         # of each event's row rides along with the events so no extra job is needed.
         key = list(plan.pk) if plan.pk is not None else list(columns)

@@ -19,11 +19,9 @@ SELECT
     COUNT(DISTINCT bidder)                    AS bidders,
     SUM(is_big)                               AS big_bids,
     ROUND(100 * SUM(is_big) / COUNT(*), 1)    AS big_pct,
-    -- Two explicit WHENs rather than ELSE: a column Spark proves NOT NULL (ELSE 'standard')
-    -- currently breaks writing the changelog (see the engine issue on non-nullable columns).
     CASE
         WHEN SUM(is_big) * 100 >= 12 * COUNT(*) THEN 'premium'
-        WHEN SUM(is_big) * 100 < 12 * COUNT(*) THEN 'standard'
+        ELSE 'standard'
     END                                       AS tier
 FROM classified
 GROUP BY channel;
