@@ -53,7 +53,9 @@ def run_demo(*, directory: str | None = None, rounds: int = 3) -> None:
     project_dir = _create_project(directory)
     project = load_project(project_dir)
     layout = Layout(resolve_warehouse(project.root, None))
-    tables = [t.name for t in project.order()]
+    # Shown by file (so by group); run_tables itself runs upstream tables first.
+    tables = sorted((t.name for t in project.order()),
+                    key=lambda n: (project.table(n).definition.file, n))
     print(f"demo project: {project_dir}")
     print(f"streaming tables ({len(tables)}): {', '.join(tables)}")
     print("starting Spark ...", flush=True)
@@ -62,16 +64,16 @@ def run_demo(*, directory: str | None = None, rounds: int = 3) -> None:
     generator = NexmarkGenerator()
     for round_no in range(rounds):
         counts = demo_round(project_dir, round_no=round_no, generator=generator)
-        inputs = ", ".join(f"{n} {kind}" if kind.endswith("_cdc") else f"+{n} {kind}"
-                           for kind, n in counts.items())
-        print(f"\n{'=' * 100}\nRound {round_no + 1}/{rounds}: new input files with {inputs}"
-              f" change events\n{'=' * 100}", flush=True)
+        inputs = ", ".join(f"+{counts[k]} {k}" for k in ("persons", "auctions", "bids"))
+        print(f"\n{'=' * 100}\nRound {round_no + 1}/{rounds}: new input files with {inputs} and "
+              f"{counts['auctions_cdc']} auctions_cdc change events\n{'=' * 100}", flush=True)
         t0 = time.monotonic()
         report = run_tables(spark, project, until_idle=True, progress=None)
         print(f"ran {len(report.batches)} batch(es) in {time.monotonic() - t0:.1f}s: "
               + ", ".join(f"{b.table} {b.seconds:.1f}s" for b in report.batches))
         for name in tables:
-            _show_table(store, layout, name, report)
+            about = f"{project.table(name).definition.file}: {_summary(project, name)}"
+            _show_table(store, layout, name, report, about if round_no == 0 else "")
     print(f"\n{'=' * 100}\ndone in {time.monotonic() - started:.0f}s")
     _print_next_steps(project_dir, layout.warehouse)
 
@@ -87,35 +89,53 @@ def _create_project(directory: str | None) -> Path:
     else:
         root = Path(directory).resolve()
         if root.exists() and (not root.is_dir() or any(root.iterdir())):
-            raise OctoError(f"demo directory {root} exists and is not empty: the demo writes "
-                            "fresh input, so pick a new directory (or delete this one)")
+            raise OctoError(f"demo directory {root} exists and is not an empty directory: the "
+                            "demo writes fresh input, so pick a new directory (or delete it)")
         root.mkdir(parents=True, exist_ok=True)
     shutil.copytree(source, root / "sql", ignore=shutil.ignore_patterns("__pycache__", ".*"))
     return root
 
 
 # -- printing -------------------------------------------------------------------------------
-def _show_table(store: Any, layout: Any, name: str, report: RunReport) -> None:
+def _summary(project: Any, name: str) -> str:
+    """The first line of the comment at the top of the table's SQL file."""
+    path = project.root / project.table(name).definition.file
+    for line in path.read_text(encoding="utf-8").splitlines():
+        text = line.strip()
+        if text.startswith("--") and text.strip("- "):
+            return text.lstrip("-").strip()
+        if text and not text.startswith("--"):
+            break
+    return ""
+
+
+def _show_table(store: Any, layout: Any, name: str, report: RunReport, about: str) -> None:
     current = store.read(layout.current(name))
-    batches = [b for b in report.for_table(name)]
+    batches = report.for_table(name)
     events = "".join(
         f", batch {b.batch}: {b.rows_in} rows in -> "
         + " ".join(f"{op}={b.events.get(op, 0)}" for op in ("c", "u", "d"))
         for b in batches) or ", no new batch"
     rows = _rows(current)
     print(f"\n--- {name} ({len(rows)} row{'s' if len(rows) != 1 else ''}{events})")
+    if about:
+        print(f"  [{about}]")
     if current is not None:
         columns = [c for c in current.column_names if c != BUCKET_COLUMN]
         print(_grid(columns, rows))
     if not batches:
         return
     latest = batches[-1].batch
-    changelog = store.read(layout.changelog(name))
-    sample = _sample(_events_of(changelog, latest))
-    if sample:
-        print(f"  changes in batch {latest}:")
-        for op, before, after in sample:
-            print("    " + _event_line(op, before, after))
+    events_of_batch = _events_of(store.read(layout.changelog(name)), latest)
+    if not events_of_batch:
+        print(f"  no changes in batch {latest}")
+        return
+    sample = _sample(events_of_batch)
+    shown = "" if len(sample) == len(events_of_batch) else f", {len(sample)} shown"
+    n = len(events_of_batch)
+    print(f"  changes in batch {latest} ({n} event{'s' if n != 1 else ''}{shown}):")
+    for op, before, after in sample:
+        print("    " + _event_line(op, before, after))
 
 
 def _rows(table: pa.Table | None) -> list[tuple[Any, ...]]:
@@ -163,7 +183,8 @@ def _events_of(changelog: pa.Table | None, batch: int) -> list[dict[str, Any]]:
     import pyarrow.compute as pc
 
     batch_ids = pc.struct_field(changelog.column("source"), "batch_id")
-    return changelog.filter(pc.equal(batch_ids, batch)).select(["op", "before", "after"]).to_pylist()
+    events = changelog.filter(pc.equal(batch_ids, batch))
+    return events.select(["op", "before", "after"]).to_pylist()
 
 
 def _sample(events: list[dict[str, Any]]) -> list[tuple[str, dict | None, dict | None]]:
@@ -172,7 +193,7 @@ def _sample(events: list[dict[str, Any]]) -> list[tuple[str, dict | None, dict |
     for e in events:
         by_op.setdefault(e["op"], []).append(e)
     for op in by_op:
-        by_op[op].sort(key=lambda e: repr(_row_key(e)))
+        by_op[op].sort(key=_row_key)
     queues = [by_op.get(op, []) for op in _OP_ORDER]
     out: list[tuple[str, dict | None, dict | None]] = []
     while len(out) < MAX_EVENTS and any(queues):
@@ -203,18 +224,20 @@ def _image(row: dict[str, Any] | None) -> str:
 
 
 def _print_next_steps(project_dir: Path, warehouse: str) -> None:
-    d = str(project_dir)
+    d, table = str(project_dir), f"{warehouse}/bid_histogram"
     print(f"""
 warehouse: {warehouse}
   <table>/            Delta changelog of each streaming table (op, before, after, ts_ms, source)
   _current/<table>/   Delta current-state snapshot of each table
-  _octo/<table>/      operator state and the batch log
+  _octo/<table>/      operator state and the batch log of each table
 
 try:
   octo explain bid_histogram --project {d}
-  octo run --all --until-idle --project {d}        # after adding files under {d}/data/
-  python -c "from deltalake import DeltaTable; \\
-print(DeltaTable('{warehouse}/bid_histogram').to_pandas())"
-  duckdb -c "INSTALL delta; LOAD delta; \\
-SELECT op, before, after, source.batch_id FROM delta_scan('{warehouse}/bid_histogram')"
-""".rstrip())
+  octo run --all --until-idle --project {d}   # picks up new files under data/
+
+  # any Delta reader works, e.g. deltalake (delta-rs) and DuckDB (pip install duckdb):
+  python -c "from deltalake import DeltaTable; print(DeltaTable('{table}').to_pandas())"
+  python -c "import duckdb; from deltalake import DeltaTable; \\
+t = DeltaTable('{table}').to_pyarrow_dataset(); \\
+duckdb.sql('SELECT source.batch_id, op, before, after FROM t ORDER BY 1, 2').show()"
+  # or, with DuckDB's delta extension: SELECT * FROM delta_scan('{table}')""")

@@ -132,6 +132,16 @@ class DeltaStore:
         # Single writer per table (the runner holds a lock), so the new version is known.
         return 0 if before is None else before + 1
 
+    def compact(self, path: str, *, rewrite: bool) -> None:
+        """Drop files no longer in the current version; with ``rewrite``, first merge small
+        files (``optimize``). Only call it when no reader needs an older version."""
+        dt = self._open(path)
+        if dt is None:
+            return
+        if rewrite:
+            dt.optimize.compact()
+        dt.vacuum(retention_hours=0, enforce_retention_duration=False, dry_run=False)
+
     def arrow_schema(self, path: str) -> pa.Schema | None:
         dt = self._open(path)
         return None if dt is None else pa.schema(dt.schema().to_arrow())

@@ -19,7 +19,8 @@ FORMAT = "octo_batches"
 
 
 class OctoBatches(DataSource):
-    """Options: ``project``, ``warehouse``, ``table``, ``storage_options`` (JSON)."""
+    """Options: ``inputs`` (JSON list of input specs), ``log`` (batch log path),
+    ``storage_options`` (JSON)."""
 
     @classmethod
     def name(cls) -> str:
@@ -33,34 +34,39 @@ class OctoBatches(DataSource):
 
 
 class _Reader(DataSourceStreamReader, SupportsTriggerAvailableNow):
-    """Runs in Spark's Python worker on the driver side; loads the project once."""
+    """Driver-side offsets, computed in Spark's Python streaming-source runner process.
+
+    Gets everything through options (input specs, log path) instead of compiling the
+    project again, so starting a query stays cheap.
+    """
 
     def __init__(self, options: dict[str, str]) -> None:
-        from octo_platform.project import load_project
-        from octo_platform.runtime.pipeline import Layout
+        from octo_platform.runtime.offsets import InputSpec
         from octo_platform.wiring import default_environment
 
-        self.project = load_project(options["project"])
-        self.table = self.project.table(options["table"])
-        self.layout = Layout(options["warehouse"])
+        self.specs = tuple(InputSpec(**s) for s in json.loads(options["inputs"]))
+        self.log_path = options["log"]
         self.env = default_environment(json.loads(options.get("storage_options") or "{}"))
         self.target: dict[str, Any] | None = None
 
-    def initialOffset(self) -> dict:
-        from octo_platform.runtime.pipeline import BatchLog
+    def _log(self):
+        from octo_platform.runtime.offsets import BatchLog
 
-        log = BatchLog(self.env.store, self.layout.log(self.table.name))
-        return {"batch": log.last_committed}
+        return BatchLog(self.env.store, self.log_path)
+
+    def initialOffset(self) -> dict:
+        return {"batch": self._log().last_committed}
 
     def prepareForTriggerAvailableNow(self) -> None:
-        from octo_platform.runtime.pipeline import available
+        from octo_platform.runtime.offsets import available
 
-        self.target = available(self.project, self.table, self.layout, self.env)
+        self.target = available(self.specs, store=self.env.store, list_files=self.env.list_files)
 
     def latestOffset(self, start: dict, limit: Any) -> dict:
-        from octo_platform.runtime.pipeline import next_inputs
+        from octo_platform.runtime.offsets import next_inputs
 
-        nxt = next_inputs(self.project, self.table, self.layout, self.env, target=self.target)
+        nxt = next_inputs(self.specs, self._log(), store=self.env.store,
+                          list_files=self.env.list_files, target=self.target)
         if nxt is None or nxt[0] <= int(start["batch"]):
             return start
         return {"batch": nxt[0], "inputs": nxt[1]}

@@ -14,23 +14,25 @@ import json
 import time
 from functools import reduce
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any, Callable, Protocol
+from typing import TYPE_CHECKING, Any, Callable
 
 from octo_platform.errors import RunError
 from octo_platform.logical.plan import quote
 from octo_platform.physical.plan import PSource
 from octo_platform.project import CompiledTable, Project
 from octo_platform.runtime.columns import BUCKET, WEIGHT
+from octo_platform.runtime.offsets import BatchLog, InputSpec, Store, source_key
 from octo_platform.runtime.operators import BatchContext, StagedWrite, bucket_sql, evaluate
 
 if TYPE_CHECKING:
     import pyarrow as pa
     from pyspark.sql import DataFrame, SparkSession
 
-__all__ = ["Layout", "Environment", "BatchLog", "BatchStats", "Pipeline", "next_inputs"]
+__all__ = ["Layout", "Environment", "BatchStats", "Pipeline", "input_specs"]
 
 APP_ID = "octo"
 DEFAULT_BUCKETS = 8
+MAINTENANCE_EVERY = 25  # batches between vacuuming state and compacting the batch log
 
 
 @dataclass(frozen=True)
@@ -56,21 +58,6 @@ class Layout:
 
     def state(self, table: str, operator: str) -> str:
         return f"{self.internal(table)}/state/{operator}"
-
-
-class Store(Protocol):
-    """What the runtime needs from Delta (implemented by ``state.delta.DeltaStore``)."""
-
-    def version(self, path: str) -> int | None: ...
-    def committed(self, path: str, app_id: str) -> int: ...
-    def files(self, path: str, version: int | None,
-              partitions: set[int] | None = None) -> list[str]: ...
-    def added_files(self, path: str, from_version: int | None, to_version: int) -> list[str]: ...
-    def read(self, path: str, version: int | None = None) -> pa.Table | None: ...
-    def arrow_schema(self, path: str) -> pa.Schema | None: ...
-    def write(self, path: str, data: pa.Table, *, app_id: str, batch: int, mode: str = ...,
-              partition_by: list[str] | None = None,
-              buckets: list[int] | None = None) -> int | None: ...
 
 
 @dataclass(frozen=True)
@@ -106,101 +93,20 @@ class BatchStats:
                 "dead_letters": self.dead_letters, "seconds": round(self.seconds, 3)}
 
 
-class BatchLog:
-    """The table's batch log (a small Delta table): intents and commits, one row each."""
-
-    def __init__(self, store: Store, path: str) -> None:
-        self.store = store
-        self.path = path
-        table = store.read(path)
-        rows = table.to_pylist() if table is not None else []
-        self.intents = {r["batch_id"]: r for r in rows if r["kind"] == "intent"}
-        self.commits = {r["batch_id"]: r for r in rows if r["kind"] == "commit"}
-
-    @property
-    def last_committed(self) -> int:
-        return max(self.commits, default=-1)
-
-    def pending(self) -> tuple[int, dict[str, Any], int] | None:
-        """(batch, inputs, ts_ms) of an intent without a commit: the batch to redo first."""
-        nxt = self.last_committed + 1
-        if nxt in self.intents:
-            row = self.intents[nxt]
-            return nxt, json.loads(row["payload"]), row["ts_ms"]
-        return None
-
-    def commit_payload(self, batch: int) -> dict[str, Any] | None:
-        row = self.commits.get(batch)
-        return json.loads(row["payload"]) if row else None
-
-    def processed_files(self, source: str) -> set[str]:
-        files: set[str] = set()
-        for row in self.intents.values():
-            files.update(json.loads(row["payload"]).get(source, {}).get("files", []))
-        return files
-
-    def last_version(self, table: str) -> int | None:
-        for batch in sorted(self.intents, reverse=True):
-            got = json.loads(self.intents[batch]["payload"]).get(table)
-            if got is not None:
-                return int(got["to"])
-        return None
-
-    def append(self, batch: int, kind: str, payload: dict[str, Any], ts_ms: int) -> None:
-        import pyarrow as pa
-
-        row = pa.table({"batch_id": pa.array([batch], pa.int64()),
-                        "kind": pa.array([kind]), "ts_ms": pa.array([ts_ms], pa.int64()),
-                        "payload": pa.array([json.dumps(payload, sort_keys=True)])})
-        self.store.write(self.path, row, app_id=kind, batch=batch)
-        (self.intents if kind == "intent" else self.commits)[batch] = row.to_pylist()[0]
-
-
-def _source_key(src: PSource) -> str:
-    return f"{src.kind}:{src.name.lower()}"
-
-
-def next_inputs(project: Project, table: CompiledTable, layout: Layout, env: Environment, *,
-                target: dict[str, Any] | None = None) -> tuple[int, dict[str, Any]] | None:
-    """The next batch to run and its inputs, or None when nothing new is available.
-
-    ``target`` (files / versions visible when an ``availableNow`` run started) caps what is
-    admitted so a catch-up run ends even while input keeps arriving.
-    """
-    log = BatchLog(env.store, layout.log(table.name))
-    pending = log.pending()
-    if pending is not None:
-        return pending[0], pending[1]
-    inputs: dict[str, Any] = {}
-    visible = target or available(project, table, layout, env)
-    for src in table.physical.sources:
-        key = _source_key(src)
-        if src.kind == "source":
-            done = log.processed_files(key)
-            limit = int(project.source(src.name).options.get("max_files_per_batch", "1000"))
-            new = [f for f in visible.get(key, []) if f not in done][:limit]
-            if new:
-                inputs[key] = {"files": new}
-        else:
-            to = visible.get(key)
-            prev = log.last_version(key)
-            if to is not None and (prev is None or to > prev):
-                inputs[key] = {"from": prev, "to": to}
-    if not inputs:
-        return None
-    return log.last_committed + 1, inputs
-
-
-def available(project: Project, table: CompiledTable, layout: Layout,
-              env: Environment) -> dict[str, Any]:
-    """Everything each input has right now: file lists and upstream changelog versions."""
-    seen: dict[str, Any] = {}
+def input_specs(project: Project, table: CompiledTable, layout: Layout) -> tuple[InputSpec, ...]:
+    """Where each input of ``table`` comes from, in a form the offsets source can pickle."""
+    specs = []
     for src in table.physical.sources:
         if src.kind == "source":
-            seen[_source_key(src)] = env.list_files(project.source_path(project.source(src.name)))
+            sdef = project.source(src.name)
+            specs.append(InputSpec(source_key(src.kind, src.name), "files",
+                                   project.source_path(sdef),
+                                   int(sdef.options.get("max_files_per_batch", "1000"))))
         else:
-            seen[_source_key(src)] = env.store.version(layout.changelog(project.table(src.name).name))
-    return seen
+            upstream = project.table(src.name).name
+            specs.append(InputSpec(source_key(src.kind, src.name), "changelog",
+                                   layout.changelog(upstream)))
+    return tuple(specs)
 
 
 class Pipeline:
@@ -219,6 +125,7 @@ class Pipeline:
         self.name = table.name
         self.fingerprint = f"{table.physical.fingerprint}-b{buckets}"
         self.memo: dict[str, Any] = {}
+        self.inputs = input_specs(project, table, layout)
         self.check_fingerprint()
 
     def check_fingerprint(self) -> None:
@@ -262,16 +169,29 @@ class Pipeline:
         stats.seconds = time.monotonic() - started
         log.append(batch, "commit", {"versions": versions, "stats": stats.to_json(),
                                      "fingerprint": self.fingerprint}, ts_ms)
+        if batch % MAINTENANCE_EVERY == MAINTENANCE_EVERY - 1:
+            self.maintain()
         if self.progress:
             self.progress(stats.line())
         return stats
+
+    def maintain(self) -> None:
+        """Delete state files older than the last commit and compact the batch log.
+
+        Safe right after a commit: the next batch reads exactly the versions just recorded.
+        """
+        store, lay = self.env.store, self.layout
+        for t in self.table.physical.state_tables:
+            store.compact(lay.state(self.name, t), rewrite=False)
+        store.compact(lay.current(self.name), rewrite=False)
+        store.compact(lay.log(self.name), rewrite=True)
 
     def read_inputs(self, ctx: BatchContext, inputs: dict[str, Any],
                     stats: BatchStats) -> list[DataFrame]:
         """Register each source's weighted rows in ``ctx``; return the dead-letter frames."""
         dead: list[DataFrame] = []
         for src in self.table.physical.sources:
-            got = inputs.get(_source_key(src))
+            got = inputs.get(source_key(src.kind, src.name))
             if src.kind == "table":
                 rows = self.upstream_changes(src, got)
                 if got:  # an upstream changelog can be large; count only what we read

@@ -105,10 +105,10 @@ class _Query:
                 self.report.batches.append(stats)
 
     def start(self, *, until_idle: bool, interval: str):
+        p = self.pipeline
         reader = (self.spark.readStream.format("octo_batches")
-                  .option("project", str(self.project.root))
-                  .option("warehouse", self.pipeline.layout.warehouse)
-                  .option("table", self.pipeline.name)
+                  .option("inputs", json.dumps([s.to_json() for s in p.inputs]))
+                  .option("log", p.layout.log(p.name))
                   .option("storage_options", json.dumps(self.storage_options or {}))
                   .load())
         writer = (reader.writeStream.foreachBatch(self.handle)

@@ -1,0 +1,182 @@
+"""Offsets: what each batch reads, decided once and logged before the batch runs.
+
+Light on imports on purpose: Spark's Python streaming-source runner imports this module.
+"""
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any, Callable, Protocol
+
+if TYPE_CHECKING:
+    import pyarrow as pa
+
+__all__ = ["Store", "InputSpec", "BatchLog", "source_key", "next_inputs", "available"]
+
+
+class Store(Protocol):
+    """What the runtime needs from Delta (implemented by ``state.delta.DeltaStore``)."""
+
+    def version(self, path: str) -> int | None: ...
+    def committed(self, path: str, app_id: str) -> int: ...
+    def files(self, path: str, version: int | None,
+              partitions: set[int] | None = None) -> list[str]: ...
+    def added_files(self, path: str, from_version: int | None, to_version: int) -> list[str]: ...
+    def read(self, path: str, version: int | None = None) -> pa.Table | None: ...
+    def arrow_schema(self, path: str) -> pa.Schema | None: ...
+    def compact(self, path: str, *, rewrite: bool) -> None: ...
+    def write(self, path: str, data: pa.Table, *, app_id: str, batch: int, mode: str = ...,
+              partition_by: list[str] | None = None,
+              buckets: list[int] | None = None) -> int | None: ...
+
+
+@dataclass(frozen=True)
+class InputSpec:
+    """One input of a pipeline: new files in a directory, or an upstream changelog table."""
+
+    key: str
+    kind: str  # "files" | "changelog"
+    path: str
+    max_files: int = 1000
+
+    def to_json(self) -> dict[str, Any]:
+        return {"key": self.key, "kind": self.kind, "path": self.path,
+                "max_files": self.max_files}
+
+
+def source_key(kind: str, name: str) -> str:
+    return f"{kind}:{name.lower()}"
+
+
+class BatchLog:
+    """The table's batch log (a small Delta table): intents and commits, one row each."""
+
+    def __init__(self, store: Store, path: str) -> None:
+        self.store = store
+        self.path = path
+        table = store.read(path)
+        rows = table.to_pylist() if table is not None else []
+        self.intents = {r["batch_id"]: r for r in rows if r["kind"] == "intent"}
+        self.commits = {r["batch_id"]: r for r in rows if r["kind"] == "commit"}
+
+    @property
+    def last_committed(self) -> int:
+        return max(self.commits, default=-1)
+
+    def pending(self) -> tuple[int, dict[str, Any], int] | None:
+        """(batch, inputs, ts_ms) of an intent without a commit: the batch to redo first."""
+        nxt = self.last_committed + 1
+        if nxt in self.intents:
+            row = self.intents[nxt]
+            return nxt, json.loads(row["payload"]), row["ts_ms"]
+        return None
+
+    def commit_payload(self, batch: int) -> dict[str, Any] | None:
+        row = self.commits.get(batch)
+        return json.loads(row["payload"]) if row else None
+
+    def processed_files(self, source: str) -> set[str]:
+        files: set[str] = set()
+        for row in self.intents.values():
+            files.update(json.loads(row["payload"]).get(source, {}).get("files", []))
+        return files
+
+    def last_version(self, table: str) -> int | None:
+        for batch in sorted(self.intents, reverse=True):
+            got = json.loads(self.intents[batch]["payload"]).get(table)
+            if got is not None:
+                return int(got["to"])
+        return None
+
+    def append(self, batch: int, kind: str, payload: dict[str, Any], ts_ms: int) -> None:
+        import pyarrow as pa
+
+        row = pa.table({"batch_id": pa.array([batch], pa.int64()),
+                        "kind": pa.array([kind]), "ts_ms": pa.array([ts_ms], pa.int64()),
+                        "payload": pa.array([json.dumps(payload, sort_keys=True)])})
+        self.store.write(self.path, row, app_id=kind, batch=batch)
+        (self.intents if kind == "intent" else self.commits)[batch] = row.to_pylist()[0]
+
+
+def _source_key(src: PSource) -> str:
+    return f"{src.kind}:{src.name.lower()}"
+
+
+def next_inputs(project: Project, table: CompiledTable, layout: Layout, env: Environment, *,
+                target: dict[str, Any] | None = None) -> tuple[int, dict[str, Any]] | None:
+    """The next batch to run and its inputs, or None when nothing new is available.
+
+    ``target`` (files / versions visible when an ``availableNow`` run started) caps what is
+    admitted so a catch-up run ends even while input keeps arriving.
+    """
+    log = BatchLog(env.store, layout.log(table.name))
+    pending = log.pending()
+    if pending is not None:
+        return pending[0], pending[1]
+    inputs: dict[str, Any] = {}
+    visible = target or available(project, table, layout, env)
+    for src in table.physical.sources:
+        key = _source_key(src)
+        if src.kind == "source":
+            done = log.processed_files(key)
+            limit = int(project.source(src.name).options.get("max_files_per_batch", "1000"))
+            new = [f for f in visible.get(key, []) if f not in done][:limit]
+            if new:
+                inputs[key] = {"files": new}
+        else:
+            to = visible.get(key)
+            prev = log.last_version(key)
+            if to is not None and (prev is None or to > prev):
+                inputs[key] = {"from": prev, "to": to}
+    if not inputs:
+        return None
+    return log.last_committed + 1, inputs
+
+
+def available(project: Project, table: CompiledTable, layout: Layout,
+              env: Environment) -> dict[str, Any]:
+    """Everything each input has right now: file lists and upstream changelog versions."""
+    seen: dict[str, Any] = {}
+    for src in table.physical.sources:
+        if src.kind == "source":
+            seen[_source_key(src)] = env.list_files(project.source_path(project.source(src.name)))
+        else:
+            seen[_source_key(src)] = env.store.version(layout.changelog(project.table(src.name).name))
+    return seen
+
+
+def next_inputs(specs: tuple[InputSpec, ...], log: BatchLog, *, store: Store,
+                list_files: Callable[[str], list[str]],
+                target: dict[str, Any] | None = None) -> tuple[int, dict[str, Any]] | None:
+    """The next batch to run and its inputs, or None when nothing new is available.
+
+    ``target`` (files / versions visible when an ``availableNow`` run started) caps what is
+    admitted so a catch-up run ends even while input keeps arriving.
+    """
+    pending = log.pending()
+    if pending is not None:
+        return pending[0], pending[1]
+    inputs: dict[str, Any] = {}
+    visible = target if target is not None else available(specs, store=store,
+                                                          list_files=list_files)
+    for spec in specs:
+        if spec.kind == "files":
+            done = log.processed_files(spec.key)
+            new = [f for f in visible.get(spec.key, []) if f not in done][: spec.max_files]
+            if new:
+                inputs[spec.key] = {"files": new}
+        else:
+            to = visible.get(spec.key)
+            prev = log.last_version(spec.key)
+            if to is not None and (prev is None or to > prev):
+                inputs[spec.key] = {"from": prev, "to": to}
+    if not inputs:
+        return None
+    return log.last_committed + 1, inputs
+
+
+def available(specs: tuple[InputSpec, ...], *, store: Store,
+              list_files: Callable[[str], list[str]]) -> dict[str, Any]:
+    """Everything each input has right now: file lists and upstream changelog versions."""
+    return {s.key: list_files(s.path) if s.kind == "files" else store.version(s.path)
+            for s in specs}
