@@ -28,9 +28,6 @@ MAX_ROWS = 8  # rows of each table's current result to print
 MAX_EVENTS = 5  # change events of the latest batch to print
 BUCKET_COLUMN = "_bucket"  # partition column of the current-state snapshot (not user data)
 _OP_ORDER = ("u", "d", "c", "r")  # sample updates first: they show retractions at work
-# The demo is many tiny batches in a short-lived JVM: the C2 JIT compiler costs more CPU than
-# it saves (measured on 2 cores: ~225 s -> ~125 s of CPU for the whole demo with C1 only).
-DEMO_SPARK_CONF = {"spark.driver.extraJavaOptions": "-XX:TieredStopAtLevel=1 -XX:+UseSerialGC"}
 
 
 def repo_sql_dir() -> Path:
@@ -44,7 +41,7 @@ def run_demo(*, directory: str | None = None, rounds: int = 3) -> None:
     from octo_platform.project import load_project
     from octo_platform.runtime.pipeline import Layout
     from octo_platform.runtime.runner import resolve_warehouse, run_tables
-    from octo_platform.runtime.session import spark_session
+    from octo_platform.runtime.session import QUICK_START_CONF, spark_session
     from state.delta import DeltaStore
 
     if rounds < 1:
@@ -59,7 +56,7 @@ def run_demo(*, directory: str | None = None, rounds: int = 3) -> None:
     print(f"demo project: {project_dir}")
     print(f"streaming tables ({len(tables)}): {', '.join(tables)}")
     print("starting Spark ...", flush=True)
-    spark = spark_session(conf=DEMO_SPARK_CONF)
+    spark = spark_session(conf=QUICK_START_CONF)
     store = DeltaStore()
     generator = NexmarkGenerator()
     for round_no in range(rounds):

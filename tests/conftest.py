@@ -11,8 +11,8 @@ os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
 
 @pytest.fixture(scope="session")
 def spark():
-    from octo_platform.runtime.session import spark_session
+    from octo_platform.runtime.session import QUICK_START_CONF, spark_session
 
-    session = spark_session(conf={"spark.driver.memory": "2g"})
+    session = spark_session(conf={**QUICK_START_CONF, "spark.driver.memory": "2g"})
     yield session
     session.stop()

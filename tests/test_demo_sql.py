@@ -12,6 +12,7 @@ sys.path.insert(0, str(ROOT))
 
 from connectors.generators.nexmark import AUCTIONS_DDL, BIDS_DDL, PERSONS_DDL  # noqa: E402
 from octo_platform.demo import repo_sql_dir  # noqa: E402
+from octo_platform.physical.plan import PAggregate  # noqa: E402
 from octo_platform.project import Project, load_project  # noqa: E402
 
 EXPECTED_TABLES = {
@@ -61,15 +62,43 @@ def test_sources_match_the_generator(project: Project, source: str, ddl: str, fm
     assert s.options["path"] == f"data/{source}"
 
 
+def _aggregate(project: Project, name: str) -> PAggregate:
+    (agg,) = [op for op in project.table(name).physical.operators if isinstance(op, PAggregate)]
+    return agg
+
+
 def test_shapes_the_demo_shows(project: Project) -> None:
     assert project.source("auctions_cdc").pk == ("id",)
+    assert project.source("auctions_cdc").mode == "updating"
     assert project.table("bid_histogram").definition.deps == ("auction_stats",)
     # an aggregate over another aggregate's changelog: updating input, MAX needs a multiset
-    assert "input=updating" in project.explain("bid_histogram")
-    assert "MAX(`_a0`):multiset" in project.explain("bid_histogram")
+    hist = _aggregate(project, "bid_histogram")
+    assert hist.input.mode == "updating"
+    assert {a.func: a.strategy for a in hist.aggs}["max"] == "multiset"
+    # append-only input: MAX can be a running value
+    assert {a.func: a.strategy for a in _aggregate(project, "auction_stats").aggs}["max"] == \
+        "running"
     # MIN/MAX over a CDC feed cannot be a running value
-    assert ":running" not in project.explain("category_reserve")
-    assert "keys=[() global]" in project.explain("auction_count")
-    assert "pk=none" in project.explain("whale_bids")
+    assert all(a.strategy == "multiset" for a in _aggregate(project, "category_reserve").aggs
+               if a.func in ("min", "max"))
+    assert any(a.distinct for a in _aggregate(project, "channel_stats").aggs)
+    assert _aggregate(project, "auction_count").is_global
+    assert project.table("whale_bids").physical.pk is None
+    assert not any(isinstance(op, PAggregate)
+                   for op in project.table("whale_bids").physical.operators)
     order = [t.name for t in project.order()]
     assert order.index("auction_stats") < order.index("bid_histogram")
+
+
+def test_demo_formats_events_and_tables() -> None:
+    from octo_platform.demo import _event_line, _grid, _sample
+
+    events = [{"op": "c", "before": None, "after": {"bids": n, "auctions": 1}} for n in (32, 4)]
+    events.append({"op": "u", "before": {"bids": 1, "auctions": 5},
+                   "after": {"bids": 1, "auctions": 13}})
+    sample = _sample(events)
+    assert [op for op, _, _ in sample] == ["u", "c", "c"]  # updates first, then by key
+    assert [(a or {}).get("bids") for _, _, a in sample] == [1, 4, 32]
+    assert _event_line(*sample[0]) == "u  {bids: 1, auctions: 5} -> {bids: 1, auctions: 13}"
+    assert _grid(["channel", "bids"], [("apple", 47), ("baidu", None)]).splitlines() == [
+        "  channel  bids", "  -------  ----", "  apple      47", "  baidu    null"]

@@ -130,10 +130,16 @@ class _Query:
             shutil.rmtree(self.checkpoint, ignore_errors=True)
 
 
+_REGISTERED: set[int] = set()
+
+
 def _register(spark: SparkSession) -> None:
+    """Register the offsets source once per session (a round trip of ~1-2 s)."""
     from octo_platform.runtime.batches import OctoBatches
 
-    spark.dataSource.register(OctoBatches)
+    if id(spark) not in _REGISTERED:
+        spark.dataSource.register(OctoBatches)
+        _REGISTERED.add(id(spark))
 
 
 def run_tables(
