@@ -30,7 +30,8 @@ TABLES = {
         MAX(v) AS mx, COUNT(DISTINCT k) AS dk, SUM(d) AS sd, MAX(d) - MIN(d) AS spread
         FROM src GROUP BY g""",
     "t_having": "SELECT k % 4 AS b, COUNT(*) AS n FROM src GROUP BY k % 4 HAVING COUNT(*) > 3",
-    "t_global": "SELECT COUNT(*) AS n, SUM(v) AS s, MIN(v) AS mn, MAX(v) AS mx, AVG(d) AS a FROM src",
+    "t_global": """SELECT COUNT(*) AS n, SUM(v) AS s, MIN(v) AS mn, MAX(v) AS mx, AVG(d) AS a
+        FROM src""",
     "t_nested": """SELECT n, COUNT(*) AS groups, MIN(top) AS low FROM
         (SELECT k, COUNT(*) AS n, MAX(v) AS top FROM src GROUP BY k) per_k GROUP BY n""",
     "t_per_k": "SELECT k, COUNT(*) AS n, MAX(v) AS top FROM src GROUP BY k",

@@ -276,7 +276,8 @@ def _parse_columns(sql_file: SqlFile, begin: int, end: int) -> tuple[tuple[str, 
     try:
         tree = sqlglot.parse_one(f"CREATE TABLE t ({body})", dialect=DIALECT)
     except ParseError as e:
-        raise sql_file.error(f"cannot parse the column list: {e.errors[0]['description']}", begin) from e
+        reason = e.errors[0]["description"] if e.errors else str(e)
+        raise sql_file.error(f"cannot parse the column list: {reason}", begin) from e
     schema = tree.this
     columns: list[tuple[str, str]] = []
     for col in schema.expressions:

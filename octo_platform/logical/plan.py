@@ -55,8 +55,8 @@ class Scan(Node):
     types: tuple[str, ...] = ()
 
     def describe(self) -> str:
-        cols = ", ".join(f"{c} {t}".strip() for c, t in zip(self.columns,
-                                                             self.types or ("",) * len(self.columns)))
+        types = self.types or ("",) * len(self.columns)
+        cols = ", ".join(f"{c} {t}".strip() for c, t in zip(self.columns, types))
         return f"Scan {self.kind} {self.name} [{cols}]"
 
 
@@ -98,7 +98,9 @@ class AggCall:
     distinct: bool = False
 
     def render(self) -> str:
-        inner = "*" if self.arg is None else ("DISTINCT " if self.distinct else "") + quote(self.arg)
+        if self.arg is None:
+            return f"{self.func.upper()}(*)"
+        inner = ("DISTINCT " if self.distinct else "") + quote(self.arg)
         return f"{self.func.upper()}({inner})"
 
 

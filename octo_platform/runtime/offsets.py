@@ -98,53 +98,6 @@ class BatchLog:
         (self.intents if kind == "intent" else self.commits)[batch] = row.to_pylist()[0]
 
 
-def _source_key(src: PSource) -> str:
-    return f"{src.kind}:{src.name.lower()}"
-
-
-def next_inputs(project: Project, table: CompiledTable, layout: Layout, env: Environment, *,
-                target: dict[str, Any] | None = None) -> tuple[int, dict[str, Any]] | None:
-    """The next batch to run and its inputs, or None when nothing new is available.
-
-    ``target`` (files / versions visible when an ``availableNow`` run started) caps what is
-    admitted so a catch-up run ends even while input keeps arriving.
-    """
-    log = BatchLog(env.store, layout.log(table.name))
-    pending = log.pending()
-    if pending is not None:
-        return pending[0], pending[1]
-    inputs: dict[str, Any] = {}
-    visible = target or available(project, table, layout, env)
-    for src in table.physical.sources:
-        key = _source_key(src)
-        if src.kind == "source":
-            done = log.processed_files(key)
-            limit = int(project.source(src.name).options.get("max_files_per_batch", "1000"))
-            new = [f for f in visible.get(key, []) if f not in done][:limit]
-            if new:
-                inputs[key] = {"files": new}
-        else:
-            to = visible.get(key)
-            prev = log.last_version(key)
-            if to is not None and (prev is None or to > prev):
-                inputs[key] = {"from": prev, "to": to}
-    if not inputs:
-        return None
-    return log.last_committed + 1, inputs
-
-
-def available(project: Project, table: CompiledTable, layout: Layout,
-              env: Environment) -> dict[str, Any]:
-    """Everything each input has right now: file lists and upstream changelog versions."""
-    seen: dict[str, Any] = {}
-    for src in table.physical.sources:
-        if src.kind == "source":
-            seen[_source_key(src)] = env.list_files(project.source_path(project.source(src.name)))
-        else:
-            seen[_source_key(src)] = env.store.version(layout.changelog(project.table(src.name).name))
-    return seen
-
-
 def next_inputs(specs: tuple[InputSpec, ...], log: BatchLog, *, store: Store,
                 list_files: Callable[[str], list[str]],
                 target: dict[str, Any] | None = None) -> tuple[int, dict[str, Any]] | None:

@@ -10,10 +10,9 @@ Batch N is a deterministic function of (its inputs, the state committed by N-1):
 """
 from __future__ import annotations
 
-import json
 import time
-from functools import reduce
 from dataclasses import dataclass, field
+from functools import reduce
 from typing import TYPE_CHECKING, Any, Callable
 
 from octo_platform.errors import RunError
@@ -279,7 +278,8 @@ class Pipeline:
             f"CAST({batch} AS BIGINT) AS batch_id", f"CAST({ts_ms} AS BIGINT) AS ts_ms").toArrow()
 
     def commit_writes(self, ctx: BatchContext, current: list[StagedWrite], events: pa.Table,
-                      dead: pa.Table | None, pinned: dict[str, int | None]) -> dict[str, int | None]:
+                      dead: pa.Table | None,
+                      pinned: dict[str, int | None]) -> dict[str, int | None]:
         """Write everything batch N produced, each write idempotent; the versions after N."""
         store, lay, batch = self.env.store, self.layout, ctx.batch
         versions = dict(pinned)

@@ -19,7 +19,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Callable
 
 from octo_platform.errors import RunError
-from octo_platform.project import DEFAULT_WAREHOUSE, CompiledTable, Project, load_project
+from octo_platform.project import DEFAULT_WAREHOUSE, Project, load_project
 from octo_platform.runtime.pipeline import (
     DEFAULT_BUCKETS,
     BatchStats,
@@ -76,17 +76,17 @@ class _Lock:
 class _Query:
     """One table's streaming query and its foreachBatch handler."""
 
-    def __init__(self, spark: SparkSession, pipeline: Pipeline, project: Project,
-                 report: RunReport, storage_options: dict[str, str] | None) -> None:
+    def __init__(self, spark: SparkSession, pipeline: Pipeline, report: RunReport,
+                 storage_options: dict[str, str] | None) -> None:
         self.spark = spark
         self.pipeline = pipeline
-        self.project = project
         self.report = report
         self.storage_options = storage_options
         self.stopping = False
         self.busy = threading.Lock()
         self.error: BaseException | None = None
-        self.checkpoint = f"{pipeline.layout.internal(pipeline.name)}/checkpoints/{uuid.uuid4().hex}"
+        internal = pipeline.layout.internal(pipeline.name)
+        self.checkpoint = f"{internal}/checkpoints/{uuid.uuid4().hex}"
 
     def handle(self, df: DataFrame, _spark_batch: int) -> None:
         with self.busy:
@@ -174,7 +174,7 @@ def run_tables(
     try:
         pipelines = [Pipeline(spark, proj, t, layout, env, buckets=buckets, progress=progress)
                      for t in tables]
-        queries = [_Query(spark, p, proj, report, storage_options) for p in pipelines]
+        queries = [_Query(spark, p, report, storage_options) for p in pipelines]
         if until_idle:
             for q in queries:
                 _await(q, q.start(until_idle=True, interval=interval), None)
