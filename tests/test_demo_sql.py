@@ -2,18 +2,16 @@
 
 from __future__ import annotations
 
-import sys
 from pathlib import Path
 
 import pytest
 
 ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT))
 
-from connectors.generators.nexmark import AUCTIONS_DDL, BIDS_DDL, PERSONS_DDL  # noqa: E402
-from octo_platform.demo import repo_sql_dir  # noqa: E402
-from octo_platform.physical.plan import PAggregate  # noqa: E402
-from octo_platform.project import Project, load_project  # noqa: E402
+from connectors.generators.nexmark import AUCTIONS_DDL, BIDS_DDL, PERSONS_DDL
+from octo_platform.demo import repo_sql_dir
+from octo_platform.physical.plan import PAggregate
+from octo_platform.project import Project, load_project
 
 EXPECTED_TABLES = {
     "auction_stats": "auctions",

@@ -5,15 +5,12 @@ from __future__ import annotations
 import csv
 import json
 import os
-import sys
 from pathlib import Path
 
 import pyarrow.parquet as pq
 import pytest
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-
-from connectors.generators.nexmark import (  # noqa: E402
+from connectors.generators.nexmark import (
     AUCTIONS_DDL,
     BIDS_DDL,
     CHANNELS,
