@@ -6,12 +6,12 @@ from pathlib import Path
 
 import pytest
 
-ROOT = Path(__file__).resolve().parents[1]
-
 from connectors.generators.nexmark import AUCTIONS_DDL, BIDS_DDL, PERSONS_DDL
 from octo_platform.demo import repo_sql_dir
 from octo_platform.physical.plan import PAggregate
 from octo_platform.project import Project, load_project
+
+ROOT = Path(__file__).resolve().parents[1]
 
 EXPECTED_TABLES = {
     "auction_stats": "auctions",
