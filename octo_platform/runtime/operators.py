@@ -48,6 +48,9 @@ class BatchContext:
     inputs: dict[str, DataFrame]
     state_files: StateReader
     memo: dict[str, Any] = field(default_factory=dict)  # per-pipeline, survives batches
+    # per aggregate: its new result rows (+ bucket) in the touched buckets, and those buckets
+    results: dict[str, tuple[DataFrame | None, list[int]]] = field(default_factory=dict)
+    all_buckets: bool = False  # a large batch touches every bucket: skip finding which
     writes: list[StagedWrite] = field(default_factory=list)
     persisted: list[DataFrame] = field(default_factory=list)
 
@@ -75,18 +78,22 @@ def bucket_sql(keys: list[str] | tuple[str, ...], buckets: int) -> str:
     return f"pmod(hash({', '.join(quote(k) for k in keys)}), {buckets})"
 
 
+def apply_steps(df: DataFrame, steps: tuple, carry: str) -> DataFrame:
+    """Filters and projections of a stateless stage; ``carry`` (a column) passes through."""
+    for kind, names, exprs in steps:
+        if kind == "filter":
+            df = df.filter(exprs[0])
+        else:
+            df = df.selectExpr(*[f"{e} AS {quote(n)}" for n, e in zip(names, exprs)], carry)
+    return df
+
+
 def evaluate(node: PNode, ctx: BatchContext) -> DataFrame:
     """The output Δ of ``node`` for this batch: its columns plus the weight column."""
     if isinstance(node, PSource):
         return ctx.inputs[node.name.lower()]
     if isinstance(node, PStateless):
-        df = evaluate(node.input, ctx)
-        for kind, names, exprs in node.steps:
-            if kind == "filter":
-                df = df.filter(exprs[0])
-            else:
-                df = df.selectExpr(*[f"{e} AS {quote(n)}" for n, e in zip(names, exprs)], W)
-        return df
+        return apply_steps(evaluate(node.input, ctx), node.steps, W)
     if isinstance(node, PUnion):
         parts = [evaluate(c, ctx).toDF(*node.columns, WEIGHT) for c in node.children]
         return reduce(lambda a, b: a.union(b), parts)
@@ -174,7 +181,11 @@ class _Aggregate:
             delta = ctx.persist(delta)  # read by the multisets too
         grouped = delta.groupBy(*self.keys).agg(*[_expr(e) for e in shape.delta_exprs])
         dagg = ctx.persist(grouped.selectExpr("*", f"{bucket} AS {BUCKET}"))
-        touched = {r[0] for r in dagg.select(BUCKET).distinct().collect()}
+        # Any superset of the touched buckets is correct (untouched rows are rewritten as
+        # they were), so a large batch skips the job that finds them.
+        touched = set(range(ctx.buckets)) if ctx.all_buckets and self.keys else \
+            {r[0] for r in dagg.select(BUCKET).distinct().collect()}
+        ctx.results[node.id] = (None, [])
         if not touched:
             return ctx.spark.createDataFrame([], shape.out_schema).selectExpr(
                 "*", f"CAST(0 AS BIGINT) AS {W}")
@@ -194,7 +205,16 @@ class _Aggregate:
             *[f"n{f.name} AS {f.name}" for f in shape.state_schema.fields[len(self.keys) + 1:]],
             BUCKET)
         ctx.writes.append(StagedWrite(node.id, new_state, sorted(touched)))
+        ctx.results[node.id] = (self.result_rows(table, shape), sorted(touched))
         return self.output(table, shape)
+
+    def result_rows(self, table: DataFrame, shape: _AggShape) -> DataFrame:
+        """The aggregate's current result rows in the touched buckets, with their bucket."""
+        exists = f"n{COUNT} > 0" if self.keys else "true"
+        types = [f.dataType.simpleString() for f in shape.out_schema.fields]
+        return table.filter(exists).selectExpr(
+            *[f"CAST({v} AS {t}) AS {quote(n)}"
+              for v, t, n in zip(self.values("n"), types, self.node.columns)], BUCKET)
 
     def merge_exprs(self, shape: _AggShape) -> list[str]:
         """Old and new accumulators side by side for every row of the touched buckets."""

@@ -17,11 +17,17 @@ from typing import TYPE_CHECKING, Any, Callable
 
 from octo_platform.errors import RunError
 from octo_platform.logical.plan import quote
-from octo_platform.physical.plan import PSource
+from octo_platform.physical.plan import PSource, PStateless
 from octo_platform.project import CompiledTable, Project
 from octo_platform.runtime.columns import BUCKET, WEIGHT
 from octo_platform.runtime.offsets import BatchLog, InputSpec, Store, source_key
-from octo_platform.runtime.operators import BatchContext, StagedWrite, bucket_sql, evaluate
+from octo_platform.runtime.operators import (
+    BatchContext,
+    StagedWrite,
+    apply_steps,
+    bucket_sql,
+    evaluate,
+)
 
 if TYPE_CHECKING:
     import pyarrow as pa
@@ -31,6 +37,7 @@ __all__ = ["Layout", "Environment", "BatchStats", "Pipeline", "input_specs"]
 
 APP_ID = "octo"
 DEFAULT_BUCKETS = 8
+ALL_BUCKETS_ROWS = 64  # input rows per bucket from which a batch is assumed to touch them all
 MAINTENANCE_EVERY = 25  # batches between vacuuming state and compacting the batch log
 
 
@@ -158,6 +165,7 @@ class Pipeline:
             self.layout.state(self.name, t), pinned.get(f"state/{t}"), b), memo=self.memo)
         try:
             dead = self.read_inputs(ctx, inputs, stats)
+            ctx.all_buckets = stats.rows_in > ALL_BUCKETS_ROWS * self.buckets
             delta = evaluate(self.table.physical.root, ctx)
             events, current = self.sink(ctx, delta, pinned, ts_ms, stats)
             dead_rows = self.dead_letters(dead, batch, ts_ms)
@@ -231,33 +239,58 @@ class Pipeline:
 
     def sink(self, ctx: BatchContext, delta: DataFrame, pinned: dict[str, int | None],
              ts_ms: int, stats: BatchStats) -> tuple[pa.Table, list[StagedWrite]]:
-        """Consolidate Δ into change events; stage the update of the current-state table."""
+        """Encode Δ as change events; stage the update of the current-state table."""
         import pyarrow.compute as pc
 
         plan = self.table.physical
         columns = plan.root.columns
-        cols = [quote(c) for c in columns]
-        w = quote(WEIGHT)
         if plan.keyed_changes:
             events = self.env.encode_keyed(delta, columns, plan.pk, table=self.name,
-                                           batch=ctx.batch, ts_ms=ts_ms)
-            cons = ctx.persist(delta)
+                                           batch=ctx.batch, ts_ms=ts_ms).toArrow()
+            current = self.current_from_aggregate(ctx, delta, pinned)
         else:
+            cols = [quote(c) for c in columns]
+            w = quote(WEIGHT)
             cons = ctx.persist(delta.groupBy(*cols).agg(_sum_weight()).filter(f"{w} != 0"))
-            events = self.env.encode_changelog(cons, columns, plan.pk, table=self.name,
-                                               batch=ctx.batch, ts_ms=ts_ms)
-        # The current-state table is bucketed by primary key (or the whole row); the bucket
-        # of each event's row rides along with the events so no extra job is needed.
-        key = list(plan.pk) if plan.pk is not None else list(columns)
-        ref = ", ".join(f"coalesce(after.{quote(k)}, before.{quote(k)})" for k in key)
-        sb = f"pmod(hash({ref}), {self.buckets})" if key else "0"
-        table = events.selectExpr("*", f"{sb} AS _sb").toArrow()
-        touched = set(pc.unique(table.column("_sb")).to_pylist()) if len(table) else set()
-        table = table.drop_columns(["_sb"])
-        counts = pc.value_counts(table.column("op")).to_pylist() if len(table) else []
+            encoded = self.env.encode_changelog(cons, columns, plan.pk, table=self.name,
+                                                batch=ctx.batch, ts_ms=ts_ms)
+            # The current-state table is bucketed by primary key (or the whole row); each
+            # event's bucket rides along with the events so no extra job finds them.
+            key = list(plan.pk) if plan.pk is not None else list(columns)
+            ref = ", ".join(f"coalesce(after.{quote(k)}, before.{quote(k)})" for k in key)
+            sb = f"pmod(hash({ref}), {self.buckets})" if key else "0"
+            events = encoded.selectExpr("*", f"{sb} AS _sb").toArrow()
+            touched = set(pc.unique(events.column("_sb")).to_pylist()) if len(events) else set()
+            events = events.drop_columns(["_sb"])
+            current = self.current_by_merge(cons, key, touched, pinned)
+        counts = pc.value_counts(events.column("op")).to_pylist() if len(events) else []
         stats.events = {c["values"]: c["counts"] for c in counts}
+        return events, current
+
+    def current_from_aggregate(self, ctx: BatchContext, delta: DataFrame,
+                               pinned: dict[str, int | None]) -> list[StagedWrite]:
+        """Current rows of the touched buckets straight from the aggregate's new state."""
+        node, steps = self.table.physical.root, ()
+        if isinstance(node, PStateless):
+            node, steps = node.input, node.steps
+        rows, touched = ctx.results[node.id]
+        if rows is None:
+            if pinned.get("current") is not None:
+                return []
+            rows = self.spark.createDataFrame([], delta.drop(WEIGHT).schema) \
+                .selectExpr("*", f"0 AS {BUCKET}")
+        else:
+            rows = apply_steps(rows, steps, BUCKET)
+        cols = [quote(c) for c in self.table.physical.root.columns]
+        return [StagedWrite("current", rows.selectExpr(*cols, BUCKET), touched)]
+
+    def current_by_merge(self, cons: DataFrame, key: list[str], touched: set[int],
+                         pinned: dict[str, int | None]) -> list[StagedWrite]:
+        """Current rows of the touched buckets: old rows plus the consolidated Δ."""
         if not touched and pinned.get("current") is not None:
-            return table, []
+            return []
+        cols = [quote(c) for c in self.table.physical.root.columns]
+        w = quote(WEIGHT)
         schema = cons.drop(WEIGHT).schema
         files = self.env.store.files(self.layout.current(self.name), pinned.get("current"),
                                      touched)
@@ -267,7 +300,7 @@ class Pipeline:
                   .groupBy(*cols).agg(_sum_weight()).filter(f"{w} > 0"))
         rows = merged.selectExpr(*cols, f"explode(sequence(1, CAST({w} AS INT))) AS _i") \
             .selectExpr(*cols, f"{bucket_sql(key, self.buckets)} AS {BUCKET}")
-        return table, [StagedWrite("current", rows, sorted(touched))]
+        return [StagedWrite("current", rows, sorted(touched))]
 
     def dead_letters(self, dead: list[DataFrame], batch: int, ts_ms: int) -> pa.Table | None:
         if not dead:
