@@ -13,6 +13,7 @@ import random
 import pytest
 
 from octo_platform.project import load_project
+from octo_platform.runtime import pipeline
 from octo_platform.runtime.runner import run_tables
 from tests.oracle import RandomInput, batch_result, check_changelog, current, replay, write_lines
 
@@ -56,7 +57,9 @@ def project_sql(debezium: bool, max_files: int) -> str:
 
 
 @pytest.mark.parametrize("debezium", [False, True], ids=["append-only", "debezium"])
-def test_every_operator_matches_batch_sql(spark, tmp_path, debezium):
+def test_every_operator_matches_batch_sql(spark, tmp_path, monkeypatch, debezium):
+    if debezium:  # also cover the large-batch path: every bucket read and rewritten
+        monkeypatch.setattr(pipeline, "ALL_BUCKETS_ROWS", 0)
     seed = 20261122 + int(debezium)
     rng = random.Random(seed)
     sql = project_sql(debezium, max_files=rng.randint(1, 2))
