@@ -59,7 +59,7 @@ def project_sql(debezium: bool, max_files: int) -> str:
 @pytest.mark.parametrize("debezium", [False, True], ids=["append-only", "debezium"])
 def test_every_operator_matches_batch_sql(spark, tmp_path, monkeypatch, debezium):
     if debezium:  # also cover the large-batch path: every bucket read and rewritten
-        monkeypatch.setattr(pipeline, "ALL_BUCKETS_ROWS", 0)
+        monkeypatch.setattr(pipeline, "ALL_BUCKETS_BYTES", 0)
     else:  # and vacuuming state / compacting the batch log between batches
         monkeypatch.setattr(pipeline, "MAINTENANCE_EVERY", 2)
     seed = 20261122 + int(debezium)

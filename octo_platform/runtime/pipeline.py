@@ -10,6 +10,7 @@ Batch N is a deterministic function of (its inputs, the state committed by N-1):
 """
 from __future__ import annotations
 
+import os
 import time
 from dataclasses import dataclass, field
 from functools import reduce
@@ -37,7 +38,7 @@ __all__ = ["Layout", "Environment", "BatchStats", "Pipeline", "input_specs"]
 
 APP_ID = "octo"
 DEFAULT_BUCKETS = 8
-ALL_BUCKETS_ROWS = 64  # input rows per bucket from which a batch is assumed to touch them all
+ALL_BUCKETS_BYTES = 1 << 20  # input size from which a batch is assumed to touch every bucket
 MAINTENANCE_EVERY = 25  # batches between vacuuming state and compacting the batch log
 
 
@@ -164,10 +165,10 @@ class Pipeline:
         ctx = BatchContext(self.spark, batch, self.buckets, {}, lambda t, b: self.env.store.files(
             self.layout.state(self.name, t), pinned.get(f"state/{t}"), b), memo=self.memo)
         try:
-            dead = self.read_inputs(ctx, inputs, stats)
-            ctx.all_buckets = stats.rows_in > ALL_BUCKETS_ROWS * self.buckets
+            observed = self.read_inputs(ctx, inputs, stats)
             delta = evaluate(self.table.physical.root, ctx)
             events, current = self.sink(ctx, delta, pinned, ts_ms, stats)
+            dead = self.settle_inputs(observed, stats)
             dead_rows = self.dead_letters(dead, batch, ts_ms)
             stats.dead_letters = 0 if dead_rows is None else dead_rows.num_rows
             versions = self.commit_writes(ctx, current, events, dead_rows, pinned)
@@ -194,30 +195,55 @@ class Pipeline:
         store.compact(lay.log(self.name), rewrite=True)
 
     def read_inputs(self, ctx: BatchContext, inputs: dict[str, Any],
-                    stats: BatchStats) -> list[DataFrame]:
-        """Register each source's weighted rows in ``ctx``; return the dead-letter frames."""
-        dead: list[DataFrame] = []
+                    stats: BatchStats) -> list[_Observed]:
+        """Register each source's weighted rows in ``ctx``.
+
+        File records are not read here: their good/bad counts are observed while the batch's
+        first job runs (``settle_inputs``), which saves a job and a cache per batch.
+        """
+        observed: list[_Observed] = []
+        size = 0
         for src in self.table.physical.sources:
             got = inputs.get(source_key(src.kind, src.name))
             if src.kind == "table":
                 rows = self.upstream_changes(src, got)
                 if got:  # an upstream changelog can be large; count only what we read
                     rows = ctx.persist(rows)
-                    stats.rows_in += rows.count()
+                    n = rows.count()
+                    stats.rows_in += n
+                    size += n * 100
                 ctx.inputs[src.name.lower()] = rows
                 continue
+            from pyspark.sql import Observation
+
             sdef = self.project.source(src.name)
             fsrc = self.env.file_source(sdef, self.project.source_path(sdef))
-            parsed = self.env.read_files(self.spark, fsrc, (got or {}).get("files", []))
-            records = ctx.persist(parsed.records)
-            # One job parses the files and counts good and bad records.
-            counts = dict(records.groupBy(F_isnull("_reason")).count().collect())
-            stats.rows_in += counts.get(True, 0)
-            if counts.get(False, 0):
-                dead.append(records.filter("_reason IS NOT NULL").selectExpr(
-                    "_raw AS raw", "_file AS source_file", f"'{src.name}' AS source",
-                    "_reason AS reason"))
+            files = (got or {}).get("files", [])
+            size += sum(os.path.getsize(f) for f in files if os.path.exists(f))
+            parsed = self.env.read_files(self.spark, fsrc, files)
+            records = parsed.records
+            if sdef.format == "csv":
+                # Spark refuses raw-CSV queries that read only the corrupt-record column.
+                records = ctx.persist(records)
+            obs = Observation()
+            records = records.observe(obs, _expr("count_if(_reason IS NULL) AS good"),
+                                      _expr("count_if(_reason IS NOT NULL) AS bad"))
+            observed.append(_Observed(src.name, obs, records))
             ctx.inputs[src.name.lower()] = parsed.rows(records.filter("_reason IS NULL"))
+        # Any superset of the touched buckets is correct; a large batch touches them all.
+        ctx.all_buckets = size > ALL_BUCKETS_BYTES
+        return observed
+
+    def settle_inputs(self, observed: list[_Observed], stats: BatchStats) -> list[DataFrame]:
+        """Good/bad record counts (observed during the batch) and the dead-letter frames."""
+        dead: list[DataFrame] = []
+        for o in observed:
+            counts = o.counts()
+            stats.rows_in += counts["good"]
+            if counts["bad"]:
+                dead.append(o.records.filter("_reason IS NOT NULL").selectExpr(
+                    "_raw AS raw", "_file AS source_file", f"'{o.source}' AS source",
+                    "_reason AS reason"))
         return dead
 
     def upstream_changes(self, src: PSource, got: dict[str, Any] | None) -> DataFrame:
@@ -338,7 +364,30 @@ def _sum_weight():
     return F.expr(f"sum({quote(WEIGHT)}) AS {quote(WEIGHT)}")
 
 
-def F_isnull(column: str):  # noqa: N802 - reads like the SQL it stands for
+def _expr(sql: str):
     from pyspark.sql import functions as F
 
-    return F.col(column).isNull().alias("good")
+    return F.expr(sql)
+
+
+@dataclass
+class _Observed:
+    """A file source's records, with good/bad counts observed by whichever job reads them."""
+
+    source: str
+    observation: Any
+    records: DataFrame
+
+    def counts(self) -> dict[str, int]:
+        # Metrics arrive with the first job that read the records; if none did (or they
+        # are late), count with a job of our own rather than wait forever.
+        deadline = time.monotonic() + 2.0
+        future = self.observation._jo.future()
+        while not future.isCompleted() and time.monotonic() < deadline:
+            time.sleep(0.01)
+        if future.isCompleted():
+            got = self.observation.get
+            return {"good": int(got["good"] or 0), "bad": int(got["bad"] or 0)}
+        row = self.records.selectExpr("count_if(_reason IS NULL) AS good",
+                                      "count_if(_reason IS NOT NULL) AS bad").collect()[0]
+        return {"good": int(row["good"]), "bad": int(row["bad"])}
