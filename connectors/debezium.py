@@ -10,6 +10,7 @@ from typing import TYPE_CHECKING
 
 from octo_platform.logical.plan import quote
 from octo_platform.runtime.columns import WEIGHT
+from octo_platform.runtime.operators import sql_expr
 
 if TYPE_CHECKING:
     from pyspark.sql import DataFrame
@@ -75,7 +76,7 @@ def encode(delta: DataFrame, columns: tuple[str, ...], pk: tuple[str, ...] | Non
         old = numbered.filter("_sign < 0").selectExpr(*ks, "_rn", "img AS before")
         new = numbered.filter("_sign > 0").selectExpr(*ks, "_rn", "img AS after")
         on = " AND ".join([*(f"o.{k} <=> n.{k}" for k in ks), "o._rn = n._rn"])
-        events = old.alias("o").join(new.alias("n"), _expr(on), "full_outer").selectExpr(
+        events = old.alias("o").join(new.alias("n"), sql_expr(on), "full_outer").selectExpr(
             "CASE WHEN o.before IS NULL THEN 'c' WHEN n.after IS NULL THEN 'd' ELSE 'u' END AS op",
             "o.before AS before", "n.after AS after")
     return _envelope(events, table=table, batch=batch, ts_ms=ts_ms)
@@ -90,18 +91,12 @@ def encode_keyed(delta: DataFrame, columns: tuple[str, ...], pk: tuple[str, ...]
                      for c in columns)  # nullable fields: see ``encode``
     keys = [quote(k) for k in pk]
     grouped = delta.groupBy(*keys) if keys else delta.groupBy()
-    pairs = grouped.agg(_expr(f"max(CASE WHEN {w} < 0 THEN struct({cols}) END) AS before"),
-                        _expr(f"max(CASE WHEN {w} > 0 THEN struct({cols}) END) AS after"))
+    pairs = grouped.agg(sql_expr(f"max(CASE WHEN {w} < 0 THEN struct({cols}) END) AS before"),
+                        sql_expr(f"max(CASE WHEN {w} > 0 THEN struct({cols}) END) AS after"))
     events = pairs.filter("NOT (before <=> after)").selectExpr(
         "CASE WHEN before IS NULL THEN 'c' WHEN after IS NULL THEN 'd' ELSE 'u' END AS op",
         "before", "after")
     return _envelope(events, table=table, batch=batch, ts_ms=ts_ms)
-
-
-def _expr(sql: str):
-    from pyspark.sql import functions as F
-
-    return F.expr(sql)
 
 
 def _envelope(events: DataFrame, *, table: str, batch: int, ts_ms: int) -> DataFrame:

@@ -21,7 +21,8 @@ if TYPE_CHECKING:
     from pyspark.sql import DataFrame, SparkSession
     from pyspark.sql.types import StructType
 
-__all__ = ["StateReader", "StagedWrite", "BatchContext", "evaluate", "bucket_sql"]
+__all__ = ["StateReader", "StagedWrite", "BatchContext", "evaluate", "bucket_sql",
+           "apply_steps", "sql_expr"]
 
 W = quote(WEIGHT)
 
@@ -169,7 +170,7 @@ class _Aggregate:
         state = StructType([*[StructField(k, types[k]) for k in node.keys],
                             StructField(COUNT, LongType()), *acc])
         probe = delta.limit(0).groupBy(*self.keys)
-        probe = probe.agg(*[_expr(e) for e in out_exprs]) if out_exprs else \
+        probe = probe.agg(*[sql_expr(e) for e in out_exprs]) if out_exprs else \
             delta.limit(0).selectExpr(*self.keys)
         return _AggShape(state, probe.schema, tuple(d_exprs), ms)
 
@@ -179,7 +180,7 @@ class _Aggregate:
         bucket = bucket_sql(node.keys, ctx.buckets)
         if shape.ms_schemas:
             delta = ctx.persist(delta)  # read by the multisets too
-        grouped = delta.groupBy(*self.keys).agg(*[_expr(e) for e in shape.delta_exprs])
+        grouped = delta.groupBy(*self.keys).agg(*[sql_expr(e) for e in shape.delta_exprs])
         dagg = ctx.persist(grouped.selectExpr("*", f"{bucket} AS {BUCKET}"))
         # Any superset of the touched buckets is correct (untouched rows are rewritten as
         # they were), so a large batch skips the job that finds them.
@@ -194,10 +195,10 @@ class _Aggregate:
         for i in shape.ms_schemas:
             result = self.multiset(i, delta, touched, shape.ms_schemas[i])
             on = " AND ".join(f"d.{k} <=> r.{k}" for k in self.keys) or "true"
-            d = (d.alias("d").join(result.alias("r"), _expr(on), "left")
+            d = (d.alias("d").join(result.alias("r"), sql_expr(on), "left")
                  .selectExpr("d.*", f"r.r{i} AS r{i}"))
         on = " AND ".join(f"o.{k} <=> d.{k}" for k in self.keys) or "true"
-        joined = old.alias("o").join(d.alias("d"), _expr(on), "full_outer")
+        joined = old.alias("o").join(d.alias("d"), sql_expr(on), "full_outer")
         table = ctx.persist(joined.selectExpr(*self.merge_exprs(shape)))
         keep = "true" if not self.keys else f"n{COUNT} != 0"
         new_state = table.filter(keep).selectExpr(
@@ -247,18 +248,18 @@ class _Aggregate:
         table = node.multiset_table(i)
         x = quote(a.arg)
         dv = (delta.filter(f"{x} IS NOT NULL")
-              .groupBy(*self.keys, _expr(f"{x} AS v"))
-              .agg(_expr(f"sum({W}) AS dcnt")))
+              .groupBy(*self.keys, sql_expr(f"{x} AS v"))
+              .agg(sql_expr(f"sum({W}) AS dcnt")))
         old = ctx.read_state(table, schema, touched)
         on = " AND ".join(f"o.{c} <=> d.{c}" for c in [*self.keys, "v"])
-        merged = old.alias("o").join(dv.alias("d"), _expr(on), "full_outer").selectExpr(
+        merged = old.alias("o").join(dv.alias("d"), sql_expr(on), "full_outer").selectExpr(
             *[f"coalesce(o.{c}, d.{c}) AS {c}" for c in [*self.keys, "v"]],
             "coalesce(o.cnt, 0) + coalesce(d.dcnt, 0) AS cnt")
         merged = ctx.persist(merged.filter("cnt != 0").selectExpr(
             "*", f"{bucket_sql(node.keys, ctx.buckets)} AS {BUCKET}"))
         ctx.writes.append(StagedWrite(table, merged, sorted(touched)))
         fn = "count" if a.func == "count" else a.func
-        return merged.filter("cnt > 0").groupBy(*self.keys).agg(_expr(f"{fn}(v) AS r{i}"))
+        return merged.filter("cnt > 0").groupBy(*self.keys).agg(sql_expr(f"{fn}(v) AS r{i}"))
 
     def values(self, side: str) -> list[str]:
         """Output values (keys, then aggregates) from the ``o``/``n`` accumulators."""
@@ -295,7 +296,8 @@ class _Aggregate:
         return rows.selectExpr("r.*")
 
 
-def _expr(sql: str):
+def sql_expr(sql: str):
+    """A Column from Spark SQL text."""
     from pyspark.sql import functions as F
 
     return F.expr(sql)

@@ -28,6 +28,7 @@ from octo_platform.runtime.operators import (
     apply_steps,
     bucket_sql,
     evaluate,
+    sql_expr,
 )
 
 if TYPE_CHECKING:
@@ -226,8 +227,8 @@ class Pipeline:
                 # Spark refuses raw-CSV queries that read only the corrupt-record column.
                 records = ctx.persist(records)
             obs = Observation()
-            records = records.observe(obs, _expr("count_if(_reason IS NULL) AS good"),
-                                      _expr("count_if(_reason IS NOT NULL) AS bad"))
+            records = records.observe(obs, sql_expr("count_if(_reason IS NULL) AS good"),
+                                      sql_expr("count_if(_reason IS NOT NULL) AS bad"))
             observed.append(_Observed(src.name, obs, records))
             ctx.inputs[src.name.lower()] = parsed.rows(records.filter("_reason IS NULL"))
         # Any superset of the touched buckets is correct; a large batch touches them all.
@@ -359,15 +360,7 @@ class Pipeline:
 
 
 def _sum_weight():
-    from pyspark.sql import functions as F
-
-    return F.expr(f"sum({quote(WEIGHT)}) AS {quote(WEIGHT)}")
-
-
-def _expr(sql: str):
-    from pyspark.sql import functions as F
-
-    return F.expr(sql)
+    return sql_expr(f"sum({quote(WEIGHT)}) AS {quote(WEIGHT)}")
 
 
 @dataclass
