@@ -6,7 +6,6 @@ the table already holds it, which makes re-running a half-finished batch idempot
 from __future__ import annotations
 
 import os
-from pathlib import Path
 from typing import Literal
 
 import pyarrow as pa
@@ -46,14 +45,6 @@ class DeltaStore:
         """Current version of the table at ``path``, None if there is no table."""
         dt = self._open(path)
         return None if dt is None else dt.version()
-
-    def committed(self, path: str, app_id: str) -> int:
-        """The last batch ``app_id`` committed to the table (-1 if none or no table)."""
-        dt = self._open(path)
-        if dt is None:
-            return -1
-        v = dt.transaction_version(app_id)
-        return -1 if v is None else int(v)
 
     def files(self, path: str, version: int | None,
               partitions: set[int] | None = None) -> list[str]:
@@ -146,9 +137,3 @@ class DeltaStore:
         dt = self._open(path)
         return None if dt is None else pa.schema(dt.schema().to_arrow())
 
-    def exists(self, path: str) -> bool:
-        return self.version(path) is not None
-
-    @staticmethod
-    def local_path(path: str) -> Path:
-        return Path(path.removeprefix("file://"))

@@ -177,7 +177,7 @@ def run_tables(
         queries = [_Query(spark, p, report, storage_options) for p in pipelines]
         if until_idle:
             for q in queries:
-                _await(q, q.start(until_idle=True, interval=interval), None)
+                _await(q, q.start(until_idle=True, interval=interval))
         else:
             _run_continuously(queries, interval, deadline, progress)
     finally:
@@ -186,7 +186,7 @@ def run_tables(
     return report
 
 
-def _await(q: _Query, query, deadline: float | None) -> None:
+def _await(q: _Query, query) -> None:
     try:
         query.awaitTermination()
     except Exception as e:
@@ -204,7 +204,7 @@ def _run_continuously(queries: list[_Query], interval: str, deadline: float | No
         while deadline is None or time.time() < deadline:
             for q, query in running:
                 if not query.isActive:
-                    _await(q, query, None)
+                    _await(q, query)
                     raise RunError(f"streaming table {q.pipeline.name!r} stopped unexpectedly")
             time.sleep(0.5)
         if progress:
