@@ -47,16 +47,30 @@ def source_key(kind: str, name: str) -> str:
     return f"{kind}:{name.lower()}"
 
 
+@dataclass(frozen=True)
+class LogEntry:
+    ts_ms: int
+    payload: dict[str, Any]
+
+
 class BatchLog:
-    """The table's batch log (a small Delta table): intents and commits, one row each."""
+    """The table's batch log (a small Delta table): intents and commits, one row each.
+
+    Read once; a pipeline keeps its instance, as it is the table's only writer (lock).
+    """
 
     def __init__(self, store: Store, path: str) -> None:
         self.store = store
         self.path = path
         table = store.read(path)
-        rows = table.to_pylist() if table is not None else []
-        self.intents = {r["batch_id"]: r for r in rows if r["kind"] == "intent"}
-        self.commits = {r["batch_id"]: r for r in rows if r["kind"] == "commit"}
+        self.intents: dict[int, LogEntry] = {}
+        self.commits: dict[int, LogEntry] = {}
+        for r in table.to_pylist() if table is not None else []:
+            self._entries(r["kind"])[r["batch_id"]] = LogEntry(r["ts_ms"],
+                                                               json.loads(r["payload"]))
+
+    def _entries(self, kind: str) -> dict[int, LogEntry]:
+        return self.intents if kind == "intent" else self.commits
 
     @property
     def last_committed(self) -> int:
@@ -66,23 +80,23 @@ class BatchLog:
         """(batch, inputs, ts_ms) of an intent without a commit: the batch to redo first."""
         nxt = self.last_committed + 1
         if nxt in self.intents:
-            row = self.intents[nxt]
-            return nxt, json.loads(row["payload"]), row["ts_ms"]
+            entry = self.intents[nxt]
+            return nxt, entry.payload, entry.ts_ms
         return None
 
     def commit_payload(self, batch: int) -> dict[str, Any] | None:
-        row = self.commits.get(batch)
-        return json.loads(row["payload"]) if row else None
+        entry = self.commits.get(batch)
+        return entry.payload if entry else None
 
     def processed_files(self, source: str) -> set[str]:
         files: set[str] = set()
-        for row in self.intents.values():
-            files.update(json.loads(row["payload"]).get(source, {}).get("files", []))
+        for entry in self.intents.values():
+            files.update(entry.payload.get(source, {}).get("files", []))
         return files
 
     def last_version(self, table: str) -> int | None:
         for batch in sorted(self.intents, reverse=True):
-            got = json.loads(self.intents[batch]["payload"]).get(table)
+            got = self.intents[batch].payload.get(table)
             if got is not None:
                 return int(got["to"])
         return None
@@ -90,11 +104,12 @@ class BatchLog:
     def append(self, batch: int, kind: str, payload: dict[str, Any], ts_ms: int) -> None:
         import pyarrow as pa
 
+        text = json.dumps(payload, sort_keys=True)
         row = pa.table({"batch_id": pa.array([batch], pa.int64()),
                         "kind": pa.array([kind]), "ts_ms": pa.array([ts_ms], pa.int64()),
-                        "payload": pa.array([json.dumps(payload, sort_keys=True)])})
+                        "payload": pa.array([text])})
         self.store.write(self.path, row, app_id=kind, batch=batch)
-        (self.intents if kind == "intent" else self.commits)[batch] = row.to_pylist()[0]
+        self._entries(kind)[batch] = LogEntry(ts_ms, json.loads(text))
 
 
 def next_inputs(specs: tuple[InputSpec, ...], log: BatchLog, *, store: Store,

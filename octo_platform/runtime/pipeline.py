@@ -134,11 +134,11 @@ class Pipeline:
         self.fingerprint = f"{table.physical.fingerprint}-b{buckets}"
         self.memo: dict[str, Any] = {}
         self.inputs = input_specs(project, table, layout)
+        self.log = BatchLog(env.store, layout.log(self.name))
         self.check_fingerprint()
 
     def check_fingerprint(self) -> None:
-        log = BatchLog(self.env.store, self.layout.log(self.name))
-        last = log.commit_payload(log.last_committed)
+        last = self.log.commit_payload(self.log.last_committed)
         if last is not None and last.get("fingerprint") != self.fingerprint:
             raise RunError(
                 f"the query of streaming table {self.name!r} changed since its state was "
@@ -149,7 +149,7 @@ class Pipeline:
     def run_batch(self, batch: int, inputs: dict[str, Any]) -> BatchStats:
         """Process batch ``batch`` (or finish a half-done attempt of it) exactly once."""
         started = time.monotonic()
-        log = BatchLog(self.env.store, self.layout.log(self.name))
+        log = self.log
         if batch in log.commits:
             return BatchStats(self.name, batch, skipped=True)
         if batch != log.last_committed + 1:
