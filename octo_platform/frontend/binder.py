@@ -5,7 +5,7 @@ maintain incrementally live here, next to the AST, so every error can point at t
 """
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Callable
 
 from sqlglot import exp
@@ -23,10 +23,13 @@ from octo_platform.logical.plan import (
     AggCall,
     Aggregate,
     Filter,
+    Join,
     Mode,
     Node,
     Project,
     Scan,
+    SortKey,
+    TopN,
     UnionAll,
     quote,
 )
@@ -185,6 +188,11 @@ def _bind_table(catalog: Catalog, stmt: TableStmt) -> TableDef:
     binder = _Binder(catalog, stmt.file)
     plan = binder.query(stmt.query, {})
     here = stmt.file.location(stmt.offset)
+    if (top := _unbounded_top_n(plan)) is not None:
+        window = stmt.query.find(exp.Window)
+        raise SqlError(f"ROW_NUMBER() AS {top.rank} needs a bound: filter the subquery with "
+                       f"WHERE {top.rank} <= n (a ranking of every row is not maintained)",
+                       stmt.file.location_of(window) if window is not None else here)
     pk = _key_option(stmt.options, plan.columns, f"streaming table {stmt.name!r}", here)
     unknown = set(stmt.options) - {"primary_key"}
     if unknown:
@@ -195,23 +203,81 @@ def _bind_table(catalog: Catalog, stmt: TableStmt) -> TableDef:
 
 
 @dataclass
+class _Rel:
+    """One relation visible in a scope: its names and, per column as written, the column
+    of the scope's node that holds it."""
+
+    aliases: set[str]
+    columns: list[tuple[str, str]]
+
+    def find(self, name: str) -> str | None:
+        name = name.lower()
+        for written, col in self.columns:
+            if written.lower() == name:
+                return col
+        for _, col in self.columns:  # internal names (expanded stars, qualified join columns)
+            if col.lower() == name:
+                return col
+        return None
+
+
+@dataclass
 class _Scope:
-    """The single input a SELECT reads from: its plan and the names it may be called by."""
+    """What a SELECT reads from: a plan node and the relations its columns can be named by.
+
+    ``outer`` is the enclosing query's scope (for correlated EXISTS subqueries); ``joined``
+    marks a scope whose node columns are already qualified join columns.
+    """
 
     node: Node
-    aliases: set[str]
+    rels: list[_Rel]
+    outer: _Scope | None = None
+    joined: bool = False
+
+    @classmethod
+    def of(cls, node: Node, aliases: set[str]) -> _Scope:
+        return cls(node, [_Rel(aliases, [(c, c) for c in node.columns])])
+
+    def with_node(self, node: Node) -> _Scope:
+        return _Scope(node, self.rels, self.outer, self.joined)
+
+    def has_column(self, name: str) -> bool:
+        return any(r.find(name) is not None for r in self.rels)
+
+    def lookup(self, col: exp.Column, file: SqlFile) -> str | None:
+        """The node column ``col`` names in this scope (not the outer one), or None."""
+        table = col.table.lower()
+        rels = [r for r in self.rels if not table or table in r.aliases]
+        hits = {c for r in rels if (c := r.find(col.name)) is not None}
+        if len(hits) > 1:
+            raise PlanError(f"column {col.sql(DIALECT)!r} is ambiguous: qualify it with its "
+                            "table or alias", file.location_of(col))
+        return hits.pop() if hits else None
 
     def resolve(self, col: exp.Column, file: SqlFile) -> str:
+        found = self.lookup(col, file)
+        if found is not None:
+            return found
+        if self.outer is not None:
+            return self.outer.resolve(col, file)
         table = col.table
-        if table and table.lower() not in self.aliases:
+        if table and not any(table.lower() in r.aliases for r in self.rels):
             raise PlanError(f"unknown table or alias {table!r} in column {col.sql(DIALECT)!r}",
                             file.location_of(col))
-        lower = {c.lower(): c for c in self.node.columns}
-        name = col.name
-        if name.lower() not in lower:
-            raise PlanError(f"unknown column {name!r} (available: "
-                            f"{', '.join(self.node.columns)})", file.location_of(col))
-        return lower[name.lower()]
+        available = ", ".join(w for r in self.rels for w, _ in r.columns)
+        raise PlanError(f"unknown column {col.name!r} (available: {available})",
+                        file.location_of(col))
+
+    def qualified(self, label: str) -> tuple[tuple[str, ...], list[_Rel]]:
+        """Column names unique across a join (``label.column``) and relations naming them."""
+        if self.joined:
+            return self.node.columns, self.rels
+        rename = {c: f"{label}.{c}" for c in self.node.columns}
+        rels = [_Rel(r.aliases, [(w, rename[c]) for w, c in r.columns]) for r in self.rels]
+        return tuple(rename[c] for c in self.node.columns), rels
+
+
+JOIN_KINDS = {"": "inner", "LEFT": "left", "RIGHT": "right", "FULL": "full"}
 
 
 class _Binder:
@@ -219,6 +285,7 @@ class _Binder:
         self.catalog = catalog
         self.file = file
         self.deps: set[str] = set()
+        self.subqueries = 0
 
     def error(self, message: str, node: exp.Expression) -> PlanError:
         return PlanError(message, self.file.location_of(node))
@@ -262,16 +329,152 @@ class _Binder:
         from_ = select.args.get("from_")
         if from_ is None:
             raise self.error("a streaming table needs a FROM clause", select)
-        if select.args.get("joins"):
-            raise self.error("joins are not supported yet", select.args["joins"][0])
-        src = from_.this
+        scope = self.from_item(from_.this, ctes)
+        for j in select.args.get("joins") or []:
+            scope = self.join(scope, j, ctes)
+        return scope
+
+    def from_item(self, src: exp.Expression, ctes: dict[str, Node]) -> _Scope:
         if isinstance(src, exp.Subquery):
-            return _Scope(self.query(src.this, ctes), {src.alias.lower()} if src.alias else set())
+            return _Scope.of(self.query(src.this, ctes), {src.alias.lower()} if src.alias
+                             else set())
         if not isinstance(src, exp.Table) or not src.name:
             raise self.error(f"unsupported FROM item {src.sql(DIALECT)!r}", src)
-        name = src.name
-        aliases = {name.lower(), (src.alias or name).lower()}
-        return _Scope(self.relation(name, src, ctes), aliases)
+        return _Scope.of(self.relation(src.name, src, ctes), {(src.alias or src.name).lower()})
+
+    # -- joins -----------------------------------------------------------------------------
+    def join(self, left: _Scope, j: exp.Join, ctes: dict[str, Node]) -> _Scope:
+        right = self.from_item(j.this, ctes)
+        what = f"JOIN {j.this.sql(DIALECT)}"
+        if j.args.get("using"):
+            raise self.error("JOIN ... USING is not supported: write ON a.col = b.col", j)
+        side, kind_word = (j.side or "").upper(), (j.kind or "").upper()
+        if kind_word in ("SEMI", "ANTI"):
+            raise self.error(f"{side} {kind_word} JOIN is not supported: write WHERE ... IN / "
+                             "EXISTS / NOT EXISTS (subquery)", j)
+        if kind_word == "CROSS" or j.args.get("on") is None:
+            raise self.error(f"{what} has no ON condition: a cross join of two unbounded "
+                             "inputs cannot be maintained; join ON an equality of the two "
+                             "sides", j)
+        for item, scope in ((j.this, right), (j.parent_select, left)):
+            if not scope.joined and not scope.rels[0].aliases:
+                raise self.error("a subquery in a join needs an alias", item)
+        kind = JOIN_KINDS[side]
+        taken = {a for r in left.rels for a in r.aliases}
+        dup = taken & right.rels[0].aliases
+        if dup:
+            raise self.error(f"table name or alias {sorted(dup)[0]!r} appears twice in FROM: "
+                             "give each occurrence its own alias", j.this)
+        lnames, lrels = left.qualified(next(iter(left.rels[0].aliases)))
+        rnames, rrels = right.qualified(next(iter(right.rels[0].aliases)))
+        pushable = {"l": kind in ("inner", "right"), "r": kind in ("inner", "left")}
+        lnode, rnode, keys, residual = self.split_on(
+            j.args["on"], what, left, right, _Scope(left.node, lrels),
+            _Scope(right.node, rrels), pushable, ambiguous=True)
+        pk = None
+        if lnode.pk is not None and rnode.pk is not None:
+            pk = tuple(lnames[lnode.columns.index(k)] for k in lnode.pk) + tuple(
+                rnames[rnode.columns.index(k)] for k in rnode.pk)
+        both_append = lnode.mode == rnode.mode == "append-only"
+        mode: Mode = "append-only" if kind == "inner" and both_append else "updating"
+        node = Join(lnames + rnames, mode, pk, left=lnode, right=rnode, kind=kind,
+                    names=lnames + rnames, left_keys=tuple(k[0] for k in keys),
+                    right_keys=tuple(k[1] for k in keys), residual=residual)
+        return _Scope(node, lrels + rrels, joined=True)
+
+    def split_on(self, cond: exp.Expression, what: str, left: _Scope, right: _Scope,
+                 lq: _Scope, rq: _Scope, pushable: dict[str, bool], *, ambiguous: bool):
+        """Split a join condition into equi-keys, conditions pushed into one input and a
+        residual. ``lq``/``rq`` resolve to the join's (qualified) names; ``left``/``right``
+        to each input's own. Inner names win over outer ones unless ``ambiguous``."""
+
+        def side_of(col: exp.Column) -> str:
+            in_r = rq.lookup(col, self.file) is not None
+            in_l = (not in_r or ambiguous) and lq.lookup(col, self.file) is not None
+            if in_l and in_r:
+                raise self.error(f"column {col.sql(DIALECT)!r} is ambiguous: qualify it with "
+                                 "its table or alias", col)
+            if not (in_l or in_r):
+                _Scope(lq.node, lq.rels + rq.rels).resolve(col, self.file)  # raises
+            return "l" if in_l else "r"
+
+        def sides(e: exp.Expression) -> set[str]:
+            return {side_of(c) for c in e.find_all(exp.Column) if not isinstance(c.this,
+                                                                                 exp.Star)}
+
+        both = _Scope(rq.node, rq.rels, outer=lq)
+        keys: list[tuple[str, str]] = []
+        residual: list[str] = []
+        pushed: dict[str, list[exp.Expression]] = {"l": [], "r": []}
+        for c in _conjuncts(cond):
+            if any(isinstance(n, exp.AggFunc) for n in c.walk()):
+                raise self.error("aggregates are not allowed in a join condition", c)
+            where = sides(c)
+            if isinstance(c, exp.EQ):
+                a, b = sides(c.this), sides(c.expression)
+                if a == {"l"} and b == {"r"}:
+                    keys.append((self.rewrite(c.this, lq), self.rewrite(c.expression, rq)))
+                    continue
+                if a == {"r"} and b == {"l"}:
+                    keys.append((self.rewrite(c.expression, lq), self.rewrite(c.this, rq)))
+                    continue
+            if len(where) == 1 and pushable[next(iter(where))]:
+                pushed[next(iter(where))].append(c)
+            else:
+                residual.append(self.rewrite(c, both))
+        if not keys:
+            raise self.error(f"{what} has no equality between the two sides (like ON a.id = "
+                             "b.id): a join of two unbounded inputs without one cannot be "
+                             "maintained incrementally", cond)
+        lnode, rnode = left.node, right.node
+        if pushed["l"]:
+            lnode = Filter(lnode.columns, lnode.mode, lnode.pk, input=lnode,
+                           condition=self.rewrite(exp.and_(*pushed["l"]), left))
+        if pushed["r"]:
+            rnode = Filter(rnode.columns, rnode.mode, rnode.pk, input=rnode,
+                           condition=self.rewrite(exp.and_(*pushed["r"]), right))
+        return lnode, rnode, keys, " AND ".join(f"({r})" for r in residual) or None
+
+    def subquery_join(self, scope: _Scope, c: exp.Expression, negated: bool,
+                      ctes: dict[str, Node]) -> Node:
+        """``x IN (SELECT ...)``, ``[NOT] EXISTS (SELECT ...)`` as a semi / anti join."""
+        self.subqueries += 1
+        label = f"_sq{self.subqueries}"
+        outer = scope.node
+        kind = "anti" if negated else "semi"
+        if isinstance(c, exp.In):
+            sub = c.args["query"].this
+            inner = self.query(sub, ctes)
+            if len(inner.columns) != 1:
+                raise self.error(f"an IN subquery must return one column (it returns "
+                                 f"{len(inner.columns)})", c)
+            rnames = (f"{label}.{inner.columns[0]}",)
+            keys = [(self.rewrite(c.this, scope), quote(rnames[0]))]
+            residual = None
+        else:
+            sub = c.this
+            for arg in ("group", "having", "limit", "order", "distinct"):
+                if sub.args.get(arg) is not None:
+                    raise self.error(f"{arg.upper()} in an EXISTS subquery is not supported",
+                                     sub.args[arg])
+            if any(isinstance(n, exp.AggFunc) for i in sub.expressions for n in i.walk()):
+                raise self.error("aggregates in an EXISTS subquery are not supported", sub)
+            self.check_supported(sub)
+            right = self.from_(sub, ctes)
+            rnames, rrels = right.qualified(label)
+            where = sub.args.get("where")
+            if where is None:
+                raise self.error("an EXISTS subquery must be correlated with the outer query "
+                                 "by an equality (WHERE inner.col = outer.col)", sub)
+            inner_scope = _Scope(right.node, right.rels, outer=scope)
+            _, inner, keys, residual = self.split_on(
+                where.this, "EXISTS subquery", scope, inner_scope, scope,
+                _Scope(right.node, rrels), {"l": False, "r": True}, ambiguous=False)
+        both_append = outer.mode == inner.mode == "append-only"
+        mode: Mode = "append-only" if kind == "semi" and both_append else "updating"
+        return Join(outer.columns, mode, outer.pk, left=outer, right=inner, kind=kind,
+                    names=outer.columns + rnames, left_keys=tuple(k[0] for k in keys),
+                    right_keys=tuple(k[1] for k in keys), residual=residual)
 
     def relation(self, name: str, where: exp.Expression, ctes: dict[str, Node]) -> Node:
         key = name.lower()
@@ -301,51 +504,181 @@ class _Binder:
     def select(self, select: exp.Select, ctes: dict[str, Node]) -> Node:
         self.check_supported(select)
         scope = self.from_(select, ctes)
-        node = scope.node
         where = select.args.get("where")
         if where is not None:
-            if any(isinstance(n, exp.AggFunc) for n in where.this.walk()):
-                raise self.error("aggregates are not allowed in WHERE (use HAVING)", where)
-            node = Filter(node.columns, node.mode, node.pk, input=node,
-                          condition=self.rewrite(where.this, scope))
-            scope = _Scope(node, scope.aliases)
+            scope = self.where(where, scope, ctes)
         items = self.expand_stars(select.expressions, scope)
         names = self.output_names(items)
         group = select.args.get("group")
         having = select.args.get("having")
         is_agg = group is not None or having is not None or any(
-            isinstance(n, exp.AggFunc) for item in items for n in item.walk())
-        if is_agg:
+            isinstance(n, exp.AggFunc) and n.find_ancestor(exp.Window) is None
+            for item in items for n in item.walk())
+        windows = [i for i, item in enumerate(items) if isinstance(item, exp.Alias)
+                   and isinstance(item.this, exp.Window)]
+        order, limit = select.args.get("order"), select.args.get("limit")
+        order_cols: dict[str, str] = {}  # ORDER BY expression -> column of the node
+        if windows:
+            if is_agg:
+                raise self.error("ROW_NUMBER() over an aggregate: compute the aggregate in a "
+                                 "subquery and rank its rows in the enclosing query",
+                                 items[windows[0]])
+            node = self.row_number(items, names, windows, scope)
+        elif is_agg:
             node = self.aggregate(items, names, group, having, scope)
         else:
-            node = _project(node, names, tuple(self.rewrite(i, scope) for i in items))
+            exprs = [self.rewrite(i, scope) for i in items]
+            cols = list(names)
+            if limit is not None and order is not None and select.args.get("distinct") is None:
+                # a top-N may order by input columns the SELECT does not return
+                for o in order.expressions:
+                    if self.order_column(o.this, names) is None:
+                        text = self.rewrite(o.this, scope)
+                        if text not in exprs:
+                            exprs.append(text)
+                            cols.append(f"_o{len(cols)}")
+                        order_cols[text] = cols[exprs.index(text)]
+            node = _project(scope.node, tuple(cols), tuple(exprs))
         if select.args.get("distinct") is not None:
             node = _distinct(node)
+        if limit is not None:
+            node = self.order_limit(node, names, order, limit, order_cols, scope)
         return node
+
+    def where(self, where: exp.Where, scope: _Scope, ctes: dict[str, Node]) -> _Scope:
+        """Filter by the plain conditions; IN / EXISTS subqueries become semi/anti joins;
+        ``rank <= n`` over a ROW_NUMBER subquery bounds its top-N."""
+        if any(isinstance(n, exp.AggFunc) for n in where.this.walk()):
+            raise self.error("aggregates are not allowed in WHERE (use HAVING)", where)
+        plain: list[exp.Expression] = []
+        subs: list[tuple[exp.Expression, bool]] = []
+        node = scope.node
+        for c in _conjuncts(where.this):
+            negated = isinstance(c, exp.Not)
+            inner = c.this if negated else c
+            if isinstance(inner, exp.In) and inner.args.get("query") is not None:
+                if negated:
+                    raise self.error("NOT IN (subquery) is not supported (its NULL semantics "
+                                     "cannot be maintained cheaply): write NOT EXISTS "
+                                     "(SELECT ... WHERE inner.col = outer.col)", c)
+                subs.append((inner, False))
+            elif isinstance(inner, exp.Exists):
+                subs.append((inner, negated))
+            elif (bound := _rank_bound(c, scope, self.file)) is not None and \
+                    (folded := _bound_top_n(node, *bound)) is not None:
+                node = folded
+            elif (moved := _push_filter(node, self.resolved(c, scope.with_node(node)))):
+                node = moved
+            else:
+                plain.append(c)
+        if plain:
+            node = Filter(node.columns, node.mode, node.pk, input=node,
+                          condition=self.rewrite(exp.and_(*plain), scope.with_node(node)))
+        for c, negated in subs:
+            node = self.subquery_join(scope.with_node(node), c, negated, ctes)
+        return scope.with_node(node)
+
+    # -- top-N -----------------------------------------------------------------------------
+    def order_column(self, e: exp.Expression, names: tuple[str, ...]) -> str | None:
+        """The output column an ORDER BY item names (by name or position), if any."""
+        if isinstance(e, exp.Literal) and not e.is_string:
+            pos = int(e.this)
+            if not 1 <= pos <= len(names):
+                raise self.error(f"ORDER BY position {pos} is not in the select list", e)
+            return names[pos - 1]
+        if isinstance(e, exp.Column) and not e.table:
+            return next((n for n in names if n.lower() == e.name.lower()), None)
+        return None
+
+    def order_limit(self, node: Node, names: tuple[str, ...], order: exp.Order | None,
+                    limit: exp.Limit, order_cols: dict[str, str], scope: _Scope) -> Node:
+        if order is None:
+            raise self.error("LIMIT without ORDER BY keeps arbitrary rows, which cannot be "
+                             "maintained: add ORDER BY", limit)
+        if limit.args.get("offset") is not None:
+            raise self.error("OFFSET is not supported", limit)
+        value = limit.expression
+        if not (isinstance(value, exp.Literal) and not value.is_string and value.this.isdigit()
+                and int(value.this) > 0):
+            raise self.error("LIMIT takes a positive integer literal", limit)
+        n = int(value.this)
+        keys = []
+        for o in order.expressions:
+            col = self.order_column(o.this, names)
+            if col is None and order_cols:
+                col = order_cols.get(self.rewrite(o.this, scope))
+            if col is None:
+                raise self.error("ORDER BY of an aggregate or DISTINCT top-N query must name "
+                                 "output columns (give the expression an alias)", o)
+            keys.append(SortKey(col, bool(o.args.get("desc")), bool(o.args.get("nulls_first"))))
+        top = TopN(node.columns, "updating", node.pk, input=node, order=tuple(keys), n=n)
+        return _project(top, names, tuple(quote(c) for c in names))
+
+    def row_number(self, items: list[exp.Expression], names: tuple[str, ...],
+                   windows: list[int], scope: _Scope) -> Node:
+        """``ROW_NUMBER() OVER (PARTITION BY p ORDER BY o) AS rank``: an unbounded top-N that
+        the enclosing query's ``WHERE rank <= n`` bounds."""
+        if len(windows) > 1:
+            raise self.error("only one ROW_NUMBER() per SELECT is supported",
+                             items[windows[1]])
+        w = items[windows[0]].this
+        if not isinstance(w.this, exp.RowNumber) or w.args.get("spec") is not None:
+            raise self.error("only ROW_NUMBER() OVER (PARTITION BY ... ORDER BY ...) is "
+                             "supported among window functions (for top-N queries)", w)
+        order = w.args.get("order")
+        if order is None:
+            raise self.error("ROW_NUMBER() needs an ORDER BY inside OVER (...)", w)
+        cols = [n for i, n in enumerate(names) if i != windows[0]]
+        exprs = [self.rewrite(item, scope) for i, item in enumerate(items) if i != windows[0]]
+
+        def column_for(e: exp.Expression) -> str:
+            text = self.rewrite(e, scope)
+            if text not in exprs:
+                exprs.append(text)
+                cols.append(f"_w{len(cols)}")
+            return cols[exprs.index(text)]
+
+        partition = tuple(column_for(p) for p in w.args.get("partition_by") or [])
+        keys = tuple(SortKey(column_for(o.this), bool(o.args.get("desc")),
+                             bool(o.args.get("nulls_first"))) for o in order.expressions)
+        pre = _project(scope.node, tuple(cols), tuple(exprs))
+        rank = names[windows[0]]
+        top = TopN((*pre.columns, rank), "updating", (*partition, rank), input=pre,
+                   partition=partition, order=keys, rank=rank)
+        return _project(top, names, tuple(quote(c) for c in names))
 
     def check_supported(self, select: exp.Select) -> None:
         order, limit = select.args.get("order"), select.args.get("limit")
         if order is not None and limit is None:
             raise self.error("ORDER BY without LIMIT has no meaning for a streaming table "
                              "(its rows have no order); remove it", order)
-        if limit is not None:
-            raise self.error("LIMIT / top-N is not supported yet", limit)
+        where = select.args.get("where")
+        allowed = set()
+        for c in _conjuncts(where.this) if where is not None else []:
+            allowed |= {id(c), id(c.this)} if isinstance(c, exp.Not) else {id(c)}
         for node in select.walk():
-            if isinstance(node, exp.Window):
-                raise self.error("window functions (OVER ...) are not supported: they cannot "
-                                 "be maintained incrementally yet", node)
+            if isinstance(node, exp.Select) and node is not select:
+                continue  # checked when it is bound
+            if node.find_ancestor(exp.Select) is not select and node is not select:
+                continue
+            if isinstance(node, exp.Window) and not (
+                    isinstance(node.parent, exp.Alias) and node.parent.parent is select):
+                raise self.error("window functions are supported only as ROW_NUMBER() OVER "
+                                 "(...) AS rank in a SELECT list, bounded by WHERE rank <= n "
+                                 "in the enclosing query (top-N)", node)
             fname = _function_name(node)
             if fname in NONDETERMINISTIC:
                 raise self.error(f"non-deterministic function {fname}() cannot be maintained "
                                  "incrementally: a retraction must reproduce the row it "
                                  "removes", node)
             if isinstance(node, (exp.Exists, exp.In)) and (
-                    node.args.get("query") is not None or isinstance(node, exp.Exists)):
-                raise self.error("subqueries in expressions (IN / EXISTS) are not supported "
-                                 "yet", node)
-            if isinstance(node, exp.Subquery) and not isinstance(node.parent, (exp.From,)):
-                if node.parent is not None and not isinstance(node.parent, exp.Union):
-                    raise self.error("scalar subqueries are not supported yet", node)
+                    node.args.get("query") is not None or isinstance(node, exp.Exists)) \
+                    and id(node) not in allowed:
+                raise self.error("IN / EXISTS subqueries are supported only as conditions "
+                                 "AND-ed together in WHERE", node)
+            if isinstance(node, exp.Subquery) and not isinstance(
+                    node.parent, (exp.From, exp.Join, exp.Union, exp.In)):
+                raise self.error("scalar subqueries are not supported yet", node)
 
     def expand_stars(self, items: list[exp.Expression], scope: _Scope) -> list[exp.Expression]:
         out: list[exp.Expression] = []
@@ -355,9 +688,17 @@ class _Binder:
             if not star:
                 out.append(item)
                 continue
-            if isinstance(item, exp.Column) and item.table.lower() not in scope.aliases:
-                raise self.error(f"unknown table or alias {item.table!r}", item)
-            out.extend(exp.column(c, quoted=True) for c in scope.node.columns)
+            rels = scope.rels
+            if isinstance(item, exp.Column):
+                rels = [r for r in rels if item.table.lower() in r.aliases]
+                if not rels:
+                    raise self.error(f"unknown table or alias {item.table!r}", item)
+            at = next((x.meta for x in item.walk() if x.meta.get("start") is not None), {})
+            for r in rels:
+                for written, col in r.columns:
+                    ref = exp.column(col, quoted=True)
+                    ref.meta.update(at)  # errors about expanded columns point at the star
+                    out.append(ref if written == col else exp.alias_(ref, written, quoted=True))
         return out
 
     def output_names(self, items: list[exp.Expression]) -> tuple[str, ...]:
@@ -375,9 +716,10 @@ class _Binder:
         return tuple(names)
 
     # -- expressions -----------------------------------------------------------------------
-    def rewrite(self, e: exp.Expression, scope: _Scope,
-                extra: Callable[[exp.Expression], exp.Expression | None] | None = None) -> str:
-        """Spark SQL text of ``e`` with column references resolved against ``scope``."""
+    def resolved(self, e: exp.Expression, scope: _Scope,
+                 extra: Callable[[exp.Expression], exp.Expression | None] | None = None
+                 ) -> exp.Expression:
+        """A copy of ``e`` with column references replaced by ``scope``'s node columns."""
         node = e.this if isinstance(e, exp.Alias) else e
 
         def fix(n: exp.Expression) -> exp.Expression:
@@ -387,20 +729,24 @@ class _Binder:
                 return exp.column(scope.resolve(n, self.file), quoted=True)
             return n
 
-        return node.copy().transform(fix).sql(dialect=DIALECT)
+        return node.copy().transform(fix)
+
+    def rewrite(self, e: exp.Expression, scope: _Scope,
+                extra: Callable[[exp.Expression], exp.Expression | None] | None = None) -> str:
+        """Spark SQL text of ``e`` with column references resolved against ``scope``."""
+        return self.resolved(e, scope, extra).sql(dialect=DIALECT)
 
     def aggregate(self, items: list[exp.Expression], names: tuple[str, ...],
                   group: exp.Group | None, having: exp.Having | None, scope: _Scope) -> Node:
         aliases = {n.lower(): i for n, i in zip(names, items) if isinstance(i, exp.Alias)}
         group_exprs: list[exp.Expression] = []
-        lower_cols = {c.lower() for c in scope.node.columns}
         for g in (group.expressions if group is not None else []):
             if isinstance(g, exp.Literal) and not g.is_string:
                 pos = int(g.this)
                 if not 1 <= pos <= len(items):
                     raise self.error(f"GROUP BY position {pos} is not in the select list", g)
                 g = items[pos - 1]
-            elif (isinstance(g, exp.Column) and not g.table and g.name.lower() not in lower_cols
+            elif (isinstance(g, exp.Column) and not g.table and not scope.has_column(g.name)
                   and g.name.lower() in aliases):
                 g = aliases[g.name.lower()]
             g = g.this if isinstance(g, exp.Alias) else g
@@ -472,7 +818,7 @@ class _Binder:
             # Spark lets HAVING name a select alias; substitute the aliased expression.
             def unalias(n: exp.Expression) -> exp.Expression:
                 if (isinstance(n, exp.Column) and not n.table and n.name.lower() in aliases
-                        and n.name.lower() not in lower_cols):
+                        and not scope.has_column(n.name)):
                     return aliases[n.name.lower()].this.copy()
                 return n
 
@@ -516,3 +862,76 @@ def _project(node: Node, names: tuple[str, ...], exprs: tuple[str, ...]) -> Node
 def _distinct(node: Node) -> Node:
     mode: Mode = "append-only" if node.mode == "append-only" else "updating"
     return Aggregate(node.columns, mode, node.columns, input=node, keys=node.columns, aggs=())
+
+
+def _conjuncts(e: exp.Expression) -> list[exp.Expression]:
+    """The AND-ed parts of a condition (parentheses looked through)."""
+    while isinstance(e, exp.Paren):
+        e = e.this
+    if isinstance(e, exp.And):
+        return _conjuncts(e.this) + _conjuncts(e.expression)
+    return [e]
+
+
+def _rank_bound(c: exp.Expression, scope: _Scope, file: SqlFile) -> tuple[str, int] | None:
+    """``(column, n)`` when ``c`` is ``column <= n`` (or ``< n+1``, ``= 1``, mirrored)."""
+    flip = {exp.GTE: exp.LTE, exp.GT: exp.LT, exp.LTE: exp.GTE, exp.LT: exp.GT, exp.EQ: exp.EQ}
+    if type(c) not in flip:
+        return None
+    col, lit, op = c.this, c.expression, type(c)
+    if isinstance(col, exp.Literal):
+        col, lit, op = lit, col, flip[op]
+    if not (isinstance(col, exp.Column) and isinstance(lit, exp.Literal) and not lit.is_string
+            and lit.this.isdigit()):
+        return None
+    name = scope.lookup(col, file)
+    value = int(lit.this)
+    n = {exp.LTE: value, exp.LT: value - 1, exp.EQ: 1 if value == 1 else None}.get(op)
+    return (name, n) if name is not None and n is not None and n > 0 else None
+
+
+def _bound_top_n(node: Node, column: str, n: int) -> Node | None:
+    """``node`` with the unbounded ROW_NUMBER producing ``column`` limited to ``n`` rows,
+    looking through projections that pass the rank column on unchanged."""
+    if isinstance(node, TopN) and node.n is None and node.rank == column:
+        return replace(node, n=n)
+    if isinstance(node, Project) and quote(column) in node.exprs:
+        inner = node.exprs.index(quote(column))
+        if node.columns[inner] == column:
+            child = _bound_top_n(node.input, column, n)
+            return None if child is None else replace(node, input=child)
+    return None
+
+
+def _unbounded_top_n(node: Node) -> TopN | None:
+    if isinstance(node, TopN) and node.n is None:
+        return node
+    return next((t for c in node.inputs if (t := _unbounded_top_n(c)) is not None), None)
+
+
+def _push_filter(node: Node, cond: exp.Expression) -> Node | None:
+    """``node`` with ``cond`` (over its columns) applied below a join, on the one input
+    it reads, where that keeps the join's result the same; None when it cannot move."""
+    if not isinstance(node, Join):
+        return None
+    refs = {c.name for c in cond.find_all(exp.Column)}
+    if not refs:
+        return None
+    at = [node.names.index(r) for r in refs]
+    nl = len(node.left.columns)
+    sides = (("left", node.left, 0, node.kind in ("inner", "left", "semi", "anti")),
+             ("right", node.right, nl, node.kind in ("inner", "right")))
+    for side, child, offset, allowed in sides:
+        if not (allowed and all(offset <= i < offset + len(child.columns) for i in at)):
+            continue
+
+        def rename(n: exp.Expression, child: Node = child, offset: int = offset) -> exp.Expression:
+            if isinstance(n, exp.Column):
+                return exp.column(child.columns[node.names.index(n.name) - offset], quoted=True)
+            return n
+
+        moved = cond.copy().transform(rename)
+        inner = _push_filter(child, moved) or Filter(
+            child.columns, child.mode, child.pk, input=child, condition=moved.sql(DIALECT))
+        return replace(node, **{side: inner})
+    return None

@@ -17,11 +17,16 @@ __all__ = [
     "AggCall",
     "Aggregate",
     "UnionAll",
+    "Join",
+    "TopN",
+    "SortKey",
+    "JoinKind",
     "explain",
     "quote",
 ]
 
 Mode = Literal["append-only", "updating"]
+JoinKind = Literal["inner", "left", "right", "full", "semi", "anti"]
 AGG_FUNCS = ("count", "sum", "avg", "min", "max")
 
 
@@ -139,6 +144,75 @@ class UnionAll(Node):
 
     def describe(self) -> str:
         return f"UnionAll ({len(self.children)} inputs)"
+
+
+@dataclass(frozen=True)
+class Join(Node):
+    """An equi-join (plus an optional residual condition) of two inputs.
+
+    ``names`` renames the left then the right input's columns (positionally) so both sides
+    are addressable in one namespace; ``left_keys``/``right_keys`` (pairwise equal) and
+    ``residual`` are Spark SQL over those names. Output: ``names`` for inner/outer joins,
+    the left names only for semi/anti joins (``IN``/``EXISTS``/``NOT EXISTS``).
+    """
+
+    left: Node = field(default=None)  # type: ignore[assignment]
+    right: Node = field(default=None)  # type: ignore[assignment]
+    kind: JoinKind = "inner"
+    names: tuple[str, ...] = ()
+    left_keys: tuple[str, ...] = ()
+    right_keys: tuple[str, ...] = ()
+    residual: str | None = None
+
+    @property
+    def inputs(self) -> tuple[Node, ...]:
+        return (self.left, self.right)
+
+    def condition(self) -> str:
+        keys = [f"{a} = {b}" for a, b in zip(self.left_keys, self.right_keys)]
+        return " AND ".join(keys + ([f"({self.residual})"] if self.residual else []))
+
+    def describe(self) -> str:
+        return f"Join {self.kind} on {self.condition()}"
+
+
+@dataclass(frozen=True)
+class SortKey:
+    """One ORDER BY item: an input column, direction and null placement."""
+
+    column: str
+    desc: bool = False
+    nulls_first: bool = True
+
+    def render(self) -> str:
+        return (f"{quote(self.column)} {'DESC' if self.desc else 'ASC'} "
+                f"NULLS {'FIRST' if self.nulls_first else 'LAST'}")
+
+
+@dataclass(frozen=True)
+class TopN(Node):
+    """The first ``n`` rows per ``partition`` by ``order`` (ties broken by the other
+    columns); ``rank`` names an output ROW_NUMBER column, appended after the input's.
+
+    ``n`` None is a ROW_NUMBER without a bound yet: the binder folds the enclosing
+    ``WHERE rank <= n`` into it and rejects it when there is none.
+    """
+
+    input: Node = field(default=None)  # type: ignore[assignment]
+    partition: tuple[str, ...] = ()
+    order: tuple[SortKey, ...] = ()
+    n: int | None = None
+    rank: str | None = None
+
+    @property
+    def inputs(self) -> tuple[Node, ...]:
+        return (self.input,)
+
+    def describe(self) -> str:
+        part = ", ".join(quote(p) for p in self.partition) or "()"
+        order = ", ".join(k.render() for k in self.order)
+        rank = f" rank={quote(self.rank)}" if self.rank else ""
+        return f"TopN n={self.n} partition=[{part}] order=[{order}]{rank}"
 
 
 def explain(node: Node) -> str:

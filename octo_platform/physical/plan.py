@@ -20,6 +20,8 @@ __all__ = [
     "PAgg",
     "PAggregate",
     "PUnion",
+    "PJoin",
+    "PTopN",
     "PhysicalPlan",
     "lower",
     "explain",
@@ -143,6 +145,69 @@ class PUnion(PNode):
 
 
 @dataclass(frozen=True)
+class PJoin(PNode):
+    """Delta-rule join: each side's rows by join key with multiplicity in a state table
+    bucketed by hash(join key); outer/semi/anti joins count matches per row."""
+
+    left: PNode = field(default=None)  # type: ignore[assignment]
+    right: PNode = field(default=None)  # type: ignore[assignment]
+    kind: lp.JoinKind = "inner"
+    names: tuple[str, ...] = ()
+    left_keys: tuple[str, ...] = ()
+    right_keys: tuple[str, ...] = ()
+    residual: str | None = None
+
+    @property
+    def inputs(self) -> tuple[PNode, ...]:
+        return (self.left, self.right)
+
+    def side_table(self, side: str) -> str:
+        return f"{self.id}_{side}"
+
+    def state_tables(self) -> tuple[str, ...]:
+        return (self.side_table("left"), self.side_table("right"))
+
+    def describe(self) -> str:
+        keys = ", ".join(f"{a} = {b}" for a, b in zip(self.left_keys, self.right_keys))
+        residual = f" residual=({self.residual})" if self.residual else ""
+        return (f"{self.kind.capitalize()}Join strategy=delta-rule keys=[{keys}]{residual} "
+                f"inputs={self.left.mode}/{self.right.mode} "
+                f"state=[{', '.join(self.state_tables())}] by hash(key)")
+
+
+@dataclass(frozen=True)
+class PTopN(PNode):
+    """Top-N per partition: rows by partition key with multiplicity (only the current
+    top ``n`` per partition when the input is append-only); touched partitions re-ranked."""
+
+    input: PNode = field(default=None)  # type: ignore[assignment]
+    partition: tuple[str, ...] = ()
+    order: tuple[lp.SortKey, ...] = ()
+    n: int = 1
+    rank: str | None = None
+
+    @property
+    def inputs(self) -> tuple[PNode, ...]:
+        return (self.input,)
+
+    @property
+    def pruned(self) -> bool:
+        """Append-only input: rows below the top ``n`` can never re-enter, so drop them."""
+        return self.input.mode == "append-only"
+
+    def state_tables(self) -> tuple[str, ...]:
+        return (self.id,)
+
+    def describe(self) -> str:
+        part = ", ".join(quote(p) for p in self.partition) or "() global"
+        order = ", ".join(k.render() for k in self.order)
+        rank = f" rank={quote(self.rank)}" if self.rank else ""
+        keep = "top-n rows" if self.pruned else "all rows"
+        return (f"TopN n={self.n} partition=[{part}] order=[{order}]{rank} "
+                f"state=[{self.id}: {keep} by hash(partition)]")
+
+
+@dataclass(frozen=True)
 class PhysicalPlan:
     """A streaming table's operators plus what its changelog sink needs."""
 
@@ -214,6 +279,16 @@ def lower(table: str, root: lp.Node, pk: tuple[str, ...] | None) -> PhysicalPlan
         if isinstance(node, lp.UnionAll):
             kids = tuple(go(c) for c in node.children)
             return PUnion(next_id("union"), node.columns, node.mode, children=kids)
+        if isinstance(node, lp.Join):
+            left, right = go(node.left), go(node.right)
+            return PJoin(next_id("join"), node.columns, node.mode, left=left, right=right,
+                         kind=node.kind, names=node.names, left_keys=node.left_keys,
+                         right_keys=node.right_keys, residual=node.residual)
+        if isinstance(node, lp.TopN):
+            child = go(node.input)
+            assert node.n is not None, "the binder bounds every top-N"
+            return PTopN(next_id("topn"), node.columns, node.mode, input=child,
+                         partition=node.partition, order=node.order, n=node.n, rank=node.rank)
         raise TypeError(f"cannot lower {type(node).__name__}")
 
     physical = go(root)

@@ -14,7 +14,15 @@ from functools import reduce
 from typing import TYPE_CHECKING, Any, Protocol
 
 from octo_platform.logical.plan import quote
-from octo_platform.physical.plan import PAggregate, PNode, PSource, PStateless, PUnion
+from octo_platform.physical.plan import (
+    PAggregate,
+    PJoin,
+    PNode,
+    PSource,
+    PStateless,
+    PTopN,
+    PUnion,
+)
 from octo_platform.runtime.columns import BUCKET, COUNT, WEIGHT
 
 if TYPE_CHECKING:
@@ -100,6 +108,10 @@ def evaluate(node: PNode, ctx: BatchContext) -> DataFrame:
         return reduce(lambda a, b: a.union(b), parts)
     if isinstance(node, PAggregate):
         return _Aggregate(node, ctx).run(evaluate(node.input, ctx))
+    if isinstance(node, PJoin):
+        return _Join(node, ctx).run(evaluate(node.left, ctx), evaluate(node.right, ctx))
+    if isinstance(node, PTopN):
+        return _TopN(node, ctx).run(evaluate(node.input, ctx))
     raise TypeError(f"no runtime for {type(node).__name__}")
 
 
@@ -294,6 +306,225 @@ class _Aggregate:
             f"explode(filter(array({side(old_v, old_exists, -1)[0]}, "
             f"{side(new_v, new_exists, 1)[0]}), x -> x IS NOT NULL)) AS r")
         return rows.selectExpr("r.*")
+
+
+def consolidate(df: DataFrame, columns: list[str], weight: str = W) -> DataFrame:
+    """One row per distinct value of ``columns`` with its summed weight (zeros dropped)."""
+    return df.groupBy(*columns).agg(sql_expr(f"sum({weight}) AS {weight}")).filter(
+        f"{weight} != 0")
+
+
+def touched_buckets(ctx: BatchContext, frames: list[DataFrame], keyed: bool) -> set[int]:
+    """Buckets the rows of ``frames`` fall in (every bucket for a large batch)."""
+    if ctx.all_buckets and keyed:
+        return set(range(ctx.buckets))
+    found: set[int] = set()
+    for df in frames:
+        found |= {r[0] for r in df.select(BUCKET).distinct().collect()}
+    return found
+
+
+def positional(names: list[str] | tuple[str, ...]) -> list[str]:
+    """State tables store columns as ``c0, c1, ...``: any user column name is safe there."""
+    return [f"c{i}" for i in range(len(names))]
+
+
+class _Join:
+    """Delta-rule join over updating inputs.
+
+    Each side's state holds its rows with multiplicity (``_n``), bucketed by hash of the
+    join key, so a batch reads and rewrites only the buckets its keys fall in:
+    Δ(L⋈R) = ΔL⋈R_old + L_new⋈ΔR. Outer, semi and anti joins also re-derive, for the rows
+    whose key the batch touched, whether each row has a match before and after the batch:
+    a null-padded row is retracted when its first match arrives and comes back when the
+    last one leaves (semi: the row is there while it has a match, anti: while it has none).
+    """
+
+    def __init__(self, node: PJoin, ctx: BatchContext) -> None:
+        self.node = node
+        self.ctx = ctx
+        nl = len(node.left.columns)
+        self.names = {"l": list(node.names[:nl]), "r": list(node.names[nl:])}
+        self.keys = {"l": list(node.left_keys), "r": list(node.right_keys)}
+
+    def kcols(self, s: str) -> list[str]:
+        return [f"_{s}k{i}" for i in range(len(self.keys[s]))]
+
+    def cols(self, s: str) -> list[str]:
+        """A side frame: its columns, its key columns, its weight ``_<s>w``."""
+        return [*(quote(n) for n in self.names[s]), *self.kcols(s)]
+
+    def key_types(self, ldf: DataFrame, rdf: DataFrame) -> list[str]:
+        """One type per key pair, so equal keys hash (and bucket) alike on both sides."""
+        memo = f"{self.node.id}:keys"
+        if memo not in self.ctx.memo:
+            lt = [f.dataType.simpleString() for f in ldf.selectExpr(*self.keys["l"]).schema]
+            rt = [f.dataType.simpleString() for f in rdf.selectExpr(*self.keys["r"]).schema]
+            common = [a if a == b else self.ctx.spark.range(0).selectExpr(
+                f"coalesce(CAST(NULL AS {a}), CAST(NULL AS {b}))").schema[0].dataType
+                .simpleString() for a, b in zip(lt, rt)]
+            self.ctx.memo[memo] = common
+        return self.ctx.memo[memo]
+
+    def with_keys(self, df: DataFrame, s: str, types: list[str]) -> DataFrame:
+        keys = [f"CAST(({k}) AS {t}) AS {c}"
+                for k, t, c in zip(self.keys[s], types, self.kcols(s))]
+        return df.selectExpr("*", *keys)
+
+    def bucket(self, s: str) -> str:
+        return f"pmod(hash({', '.join(self.kcols(s))}), {self.ctx.buckets})"
+
+    def run(self, ldelta: DataFrame, rdelta: DataFrame) -> DataFrame:
+        node, ctx = self.node, self.ctx
+        frames = {"l": ldelta.toDF(*self.names["l"], "_lw"),
+                  "r": rdelta.toDF(*self.names["r"], "_rw")}
+        types = self.key_types(frames["l"], frames["r"])
+        schemas = {s: frames[s].schema for s in "lr"}
+        delta = {s: ctx.persist(self.with_keys(consolidate(
+            frames[s], [quote(n) for n in self.names[s]], f"_{s}w"), s, types)
+            .selectExpr("*", f"{self.bucket(s)} AS {BUCKET}")) for s in "lr"}
+        touched = touched_buckets(ctx, [delta["l"], delta["r"]], keyed=True)
+        delta = {s: d.drop(BUCKET) for s, d in delta.items()}
+        if not touched:
+            return self.output([], delta)
+        old, new = {}, {}
+        for s, side in (("l", "left"), ("r", "right")):
+            table = node.side_table(side)
+            names = self.names[s]
+            stored = ctx.read_state(table, _side_schema(schemas[s], names), touched)
+            old[s] = self.with_keys(stored.toDF(*names, f"_{s}w"), s, types)
+            merged = consolidate(old[s].unionByName(delta[s]), self.cols(s), f"_{s}w")
+            new[s] = ctx.persist(merged)
+            ctx.writes.append(StagedWrite(table, merged.selectExpr(
+                *[f"{quote(n)} AS {c}" for n, c in zip(names, positional(names))],
+                f"_{s}w AS {COUNT}", f"{self.bucket(s)} AS {BUCKET}"), sorted(touched)))
+        parts = []
+        if node.kind in ("inner", "left", "right", "full"):
+            parts += [self.matched(delta["l"], old["r"]), self.matched(new["l"], delta["r"])]
+        if node.kind in ("left", "full", "semi", "anti"):
+            parts += self.unmatched("l", "r", delta, old, new, schemas["r"])
+        if node.kind in ("right", "full"):
+            parts += self.unmatched("r", "l", delta, old, new, schemas["l"])
+        return self.output(parts, delta)
+
+    def output(self, parts: list[DataFrame], delta: dict[str, DataFrame]) -> DataFrame:
+        if not parts:
+            empty = delta["l"].limit(0).crossJoin(delta["r"].limit(0))
+            parts = [self.matched(empty, None)] if self.node.kind not in ("semi", "anti") \
+                else [delta["l"].limit(0).selectExpr(*self.cols("l")[:len(self.names["l"])],
+                                                       f"_lw AS {W}")]
+        return reduce(lambda a, b: a.union(b), parts)
+
+    def condition(self) -> str:
+        on = [f"{a} = {b}" for a, b in zip(self.kcols("l"), self.kcols("r"))]
+        if self.node.residual:
+            on.append(f"({self.node.residual})")
+        return " AND ".join(on)
+
+    def matched(self, left: DataFrame, right: DataFrame | None) -> DataFrame:
+        both = left if right is None else left.join(right, sql_expr(self.condition()))
+        names = [quote(n) for n in self.names["l"] + self.names["r"]]
+        return both.selectExpr(*names, f"_lw * _rw AS {W}")
+
+    def unmatched(self, s: str, o: str, delta: dict[str, DataFrame], old: dict[str, DataFrame],
+                  new: dict[str, DataFrame], other_schema: Any) -> list[DataFrame]:
+        """Changes to side ``s``'s rows that appear without a match (null-padded, anti) or
+        only with one (semi), for the rows whose join key the batch touched."""
+        ks, ko = self.kcols(s), self.kcols(o)
+        keys = delta[s].select(*ks).union(delta[o].selectExpr(
+            *[f"{b} AS {a}" for a, b in zip(ks, ko)])).distinct()
+        same_key = " AND ".join(f"a.{a} <=> k.{a}" for a in ks)
+        want = "_m > 0" if self.node.kind == "semi" else "_m = 0"
+        names = self.names[s]
+        pad = [f"CAST(NULL AS {f.dataType.simpleString()}) AS {quote(n)}"
+               for n, f in zip(self.names[o], other_schema.fields)]
+        out = []
+        for frame, other, sign in ((new[s], new[o], ""), (old[s], old[o], "-")):
+            rows = frame.alias("a").join(keys.alias("k"), sql_expr(same_key), "left_semi")
+            rows = self.match_count(rows, other, s, o).filter(want)
+            values = [quote(n) for n in names]
+            if self.node.kind in ("semi", "anti"):
+                out.append(rows.selectExpr(*values, f"{sign}_{s}w AS {W}"))
+            else:
+                cols = values + pad if s == "l" else pad + values
+                out.append(rows.selectExpr(*cols, f"{sign}_{s}w AS {W}"))
+        return out
+
+    def match_count(self, rows: DataFrame, other: DataFrame, s: str, o: str) -> DataFrame:
+        """``rows`` with ``_m``: the multiplicity of the other side's rows they match."""
+        on = self.condition()
+        if self.node.residual is None:  # matches depend on the key only: count per key
+            per_key = other.groupBy(*self.kcols(o)).agg(sql_expr(f"sum(_{o}w) AS _m"))
+            return rows.join(per_key, sql_expr(on), "left").selectExpr(
+                *self.cols(s), f"_{s}w", "coalesce(_m, 0) AS _m")
+        return rows.join(other, sql_expr(on), "left").groupBy(*self.cols(s), f"_{s}w").agg(
+            sql_expr(f"coalesce(sum(_{o}w), 0) AS _m"))
+
+
+def _side_schema(schema: Any, names: list[str]) -> Any:
+    """Stored schema of a join side or top-N: positional columns, then ``_n``."""
+    from pyspark.sql.types import LongType, StructField, StructType
+
+    fields = [StructField(c, f.dataType) for c, f in zip(positional(names), schema.fields)]
+    return StructType([*fields, StructField(COUNT, LongType())])
+
+
+class _TopN:
+    """Top-N per partition, re-ranking only the partitions a batch touches.
+
+    State: the input's rows with multiplicity, bucketed by hash of the partition key; over
+    append-only input only each partition's current top ``n`` rows (the rest can never
+    re-enter). Output: the touched partitions' new top rows minus their old ones, so a
+    deleted leader is replaced by the next row (and ranks shift as updates).
+    """
+
+    def __init__(self, node: PTopN, ctx: BatchContext) -> None:
+        self.node = node
+        self.ctx = ctx
+        self.names = list(node.input.columns)
+        self.cols = [quote(c) for c in self.names]
+
+    def rank(self, rows: DataFrame) -> DataFrame:
+        """Each partition's first ``n`` rows (one per unit of multiplicity) with ``_rn``."""
+        node = self.node
+        part = ", ".join(quote(p) for p in node.partition)
+        order = [k.render() for k in node.order] + [f"{c} ASC NULLS FIRST" for c in self.cols]
+        over = (f"PARTITION BY {part} " if part else "") + f"ORDER BY {', '.join(order)}"
+        units = rows.filter(f"{W} > 0").selectExpr(
+            *self.cols, f"explode(sequence(1, CAST({W} AS INT))) AS _unit")
+        return units.selectExpr(*self.cols, f"row_number() OVER ({over}) AS _rn") \
+            .filter(f"_rn <= {node.n}")
+
+    def run(self, delta: DataFrame) -> DataFrame:
+        node, ctx = self.node, self.ctx
+        bucket = bucket_sql(node.partition, ctx.buckets)
+        d = ctx.persist(consolidate(delta, self.cols).selectExpr("*", f"{bucket} AS {BUCKET}"))
+        touched = touched_buckets(ctx, [d], keyed=bool(node.partition))
+        d = d.drop(BUCKET)
+        if not touched:
+            return self.emit(d.limit(0), "")
+        stored = ctx.read_state(node.id, _side_schema(delta.schema, self.names), touched)
+        old = stored.toDF(*self.names, WEIGHT)
+        new = ctx.persist(consolidate(old.unionByName(d), self.cols))
+        keep = new
+        if node.pruned:
+            keep = self.rank(new).groupBy(*self.cols).agg(sql_expr(f"count(1) AS {W}"))
+        ctx.writes.append(StagedWrite(node.id, keep.selectExpr(
+            *[f"{c} AS {p}" for c, p in zip(self.cols, positional(self.names))],
+            f"{W} AS {COUNT}", f"{bucket} AS {BUCKET}"), sorted(touched)))
+        if node.partition:
+            parts = d.select(*[quote(p) for p in node.partition]).distinct()
+            same = " AND ".join(f"a.{quote(p)} <=> k.{quote(p)}" for p in node.partition)
+            old, new = (f.alias("a").join(parts.alias("k"), sql_expr(same), "left_semi")
+                        for f in (old, new))
+        return self.emit(self.rank(new), "").union(self.emit(self.rank(old), "-"))
+
+    def emit(self, ranked: DataFrame, sign: str) -> DataFrame:
+        rank = [f"CAST(_rn AS INT) AS {quote(self.node.rank)}"] if self.node.rank else []
+        if "_rn" not in ranked.columns:
+            rank = [f"CAST(NULL AS INT) AS {quote(self.node.rank)}"] if self.node.rank else []
+            return ranked.selectExpr(*self.cols, *rank, f"{W}")
+        return ranked.selectExpr(*self.cols, *rank, f"CAST({sign}1 AS BIGINT) AS {W}")
 
 
 def sql_expr(sql: str):
