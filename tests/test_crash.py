@@ -1,5 +1,6 @@
 """Exactly-once under SIGKILL: runs killed at random moments, then resumed, must leave the
-same changelog, current state and dead letters as one uninterrupted run."""
+same changelog, current state and dead letters as one uninterrupted run (an aggregate, an
+aggregate of it and an outer join of the input with the first aggregate)."""
 from __future__ import annotations
 
 import os
@@ -24,8 +25,10 @@ CREATE STREAMING TABLE per_k AS SELECT k, COUNT(*) AS n, SUM(v) AS s, MAX(v) AS 
     FROM src GROUP BY k;
 CREATE STREAMING TABLE histogram AS SELECT n, COUNT(*) AS ks, MIN(top) AS low
     FROM per_k GROUP BY n;
+CREATE STREAMING TABLE enriched AS SELECT s.id, s.v, p.n FROM src s
+    LEFT JOIN per_k p ON s.k = p.k AND p.n > 2;
 """
-TABLES = ("per_k", "histogram")
+TABLES = ("per_k", "histogram", "enriched")
 
 
 def events(warehouse: Path, table: str) -> Counter:

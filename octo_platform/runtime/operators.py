@@ -333,11 +333,14 @@ class _Join:
     """Delta-rule join over updating inputs.
 
     Each side's state holds its rows with multiplicity (``_n``), bucketed by hash of the
-    join key, so a batch reads and rewrites only the buckets its keys fall in:
-    Δ(L⋈R) = ΔL⋈R_old + L_new⋈ΔR. Outer, semi and anti joins also re-derive, for the rows
-    whose key the batch touched, whether each row has a match before and after the batch:
-    a null-padded row is retracted when its first match arrives and comes back when the
-    last one leaves (semi: the row is there while it has a match, anti: while it has none).
+    join key, so a batch reads and rewrites only the buckets its keys fall in. Per side, one
+    aggregate lines up every row of those buckets with its old and new multiplicity
+    (``_lo``/``_ln``, ``_ro``/``_rn``); the matched part is Δ(L⋈R) = ΔL⋈R_old + L_new⋈ΔR.
+    Outer, semi and anti joins also compare, for the keys the batch touched, each row's
+    matches before and after the batch: a null-padded row is retracted when its first match
+    arrives and comes back when the last one leaves (semi: a row is there while it has a
+    match, anti: while it has none). Without a residual condition matches are counted per
+    key; with one, per row.
     """
 
     def __init__(self, node: PJoin, ctx: BatchContext) -> None:
@@ -351,7 +354,7 @@ class _Join:
         return [f"_{s}k{i}" for i in range(len(self.keys[s]))]
 
     def cols(self, s: str) -> list[str]:
-        """A side frame: its columns, its key columns, its weight ``_<s>w``."""
+        """A side's row: its columns and its key columns."""
         return [*(quote(n) for n in self.names[s]), *self.kcols(s)]
 
     def key_types(self, ldf: DataFrame, rdf: DataFrame) -> list[str]:
@@ -383,37 +386,40 @@ class _Join:
         delta = {s: ctx.persist(self.with_keys(consolidate(
             frames[s], [quote(n) for n in self.names[s]], f"_{s}w"), s, types)
             .selectExpr("*", f"{self.bucket(s)} AS {BUCKET}")) for s in "lr"}
-        touched = touched_buckets(ctx, [delta["l"], delta["r"]], keyed=True)
+        touched = touched_buckets(ctx, [delta["l"].select(BUCKET).union(
+            delta["r"].select(BUCKET))], keyed=True)
         delta = {s: d.drop(BUCKET) for s, d in delta.items()}
         if not touched:
-            return self.output([], delta)
-        old, new = {}, {}
+            return self.matched(delta["l"].limit(0), delta["r"].limit(0)
+                                ).selectExpr(*self.out_columns(), W)
+        rows = {}
         for s, side in (("l", "left"), ("r", "right")):
             table = node.side_table(side)
             names = self.names[s]
             stored = ctx.read_state(table, _side_schema(schemas[s], names), touched)
-            old[s] = self.with_keys(stored.toDF(*names, f"_{s}w"), s, types)
-            merged = consolidate(old[s].unionByName(delta[s]), self.cols(s), f"_{s}w")
-            new[s] = ctx.persist(merged)
-            ctx.writes.append(StagedWrite(table, merged.selectExpr(
+            old = self.with_keys(stored.toDF(*names, f"_{s}w"), s, types)
+            both = old.selectExpr("*", f"_{s}w AS _{s}o", "false AS _d").unionByName(
+                delta[s].selectExpr("*", f"0 AS _{s}o", "true AS _d"))
+            rows[s] = ctx.persist(both.groupBy(*self.cols(s)).agg(
+                sql_expr(f"sum(_{s}o) AS _{s}o"), sql_expr(f"sum(_{s}w) AS _{s}n"),
+                sql_expr(f"max(_d) AS _{s}d")))
+            ctx.writes.append(StagedWrite(table, rows[s].filter(f"_{s}n != 0").selectExpr(
                 *[f"{quote(n)} AS {c}" for n, c in zip(names, positional(names))],
-                f"_{s}w AS {COUNT}", f"{self.bucket(s)} AS {BUCKET}"), sorted(touched)))
+                f"_{s}n AS {COUNT}", f"{self.bucket(s)} AS {BUCKET}"), sorted(touched)))
         parts = []
         if node.kind in ("inner", "left", "right", "full"):
-            parts += [self.matched(delta["l"], old["r"]), self.matched(new["l"], delta["r"])]
-        if node.kind in ("left", "full", "semi", "anti"):
-            parts += self.unmatched("l", "r", delta, old, new, schemas["r"])
-        if node.kind in ("right", "full"):
-            parts += self.unmatched("r", "l", delta, old, new, schemas["l"])
-        return self.output(parts, delta)
-
-    def output(self, parts: list[DataFrame], delta: dict[str, DataFrame]) -> DataFrame:
-        if not parts:
-            empty = delta["l"].limit(0).crossJoin(delta["r"].limit(0))
-            parts = [self.matched(empty, None)] if self.node.kind not in ("semi", "anti") \
-                else [delta["l"].limit(0).selectExpr(*self.cols("l")[:len(self.names["l"])],
-                                                       f"_lw AS {W}")]
+            old_r = rows["r"].filter("_ro != 0").withColumnRenamed("_ro", "_rw")
+            new_l = rows["l"].filter("_ln != 0").withColumnRenamed("_ln", "_lw")
+            parts += [self.matched(delta["l"], old_r), self.matched(new_l, delta["r"])]
+        sides = {"left": "l", "semi": "l", "anti": "l", "right": "r"}.get(node.kind, "lr")
+        if node.kind != "inner":
+            counts = self.key_counts(rows)
+            parts += [self.unmatched(s, rows, counts, schemas) for s in sides]
         return reduce(lambda a, b: a.union(b), parts)
+
+    def out_columns(self) -> list[str]:
+        names = self.names["l"] + ([] if self.node.kind in ("semi", "anti") else self.names["r"])
+        return [quote(n) for n in names]
 
     def condition(self) -> str:
         on = [f"{a} = {b}" for a, b in zip(self.kcols("l"), self.kcols("r"))]
@@ -421,44 +427,53 @@ class _Join:
             on.append(f"({self.node.residual})")
         return " AND ".join(on)
 
-    def matched(self, left: DataFrame, right: DataFrame | None) -> DataFrame:
-        both = left if right is None else left.join(right, sql_expr(self.condition()))
+    def matched(self, left: DataFrame, right: DataFrame) -> DataFrame:
         names = [quote(n) for n in self.names["l"] + self.names["r"]]
-        return both.selectExpr(*names, f"_lw * _rw AS {W}")
+        return left.join(right, sql_expr(self.condition())).selectExpr(
+            *names, f"_lw * _rw AS {W}")
 
-    def unmatched(self, s: str, o: str, delta: dict[str, DataFrame], old: dict[str, DataFrame],
-                  new: dict[str, DataFrame], other_schema: Any) -> list[DataFrame]:
+    def key_counts(self, rows: dict[str, DataFrame]) -> DataFrame:
+        """Per join key the batch touched (on either side): each side's old and new row
+        count. Keys with a NULL part match nothing, so their counts are zero."""
+        per = {}
+        for s in "lr":
+            null = " OR ".join(f"{k} IS NULL" for k in self.kcols(s))
+            per[s] = rows[s].groupBy(*self.kcols(s)).agg(*[sql_expr(e) for e in (
+                f"CASE WHEN {null} THEN 0 ELSE sum(_{s}o) END AS _{s}co",
+                f"CASE WHEN {null} THEN 0 ELSE sum(_{s}n) END AS _{s}cn",
+                f"max(_{s}d) AS _{s}t")])
+        same = " AND ".join(f"{a} <=> {b}" for a, b in zip(self.kcols("l"), self.kcols("r")))
+        keys = [f"coalesce({a}, {b}) AS _ck{i}"
+                for i, (a, b) in enumerate(zip(self.kcols("l"), self.kcols("r")))]
+        return per["l"].join(per["r"], sql_expr(same), "full_outer").selectExpr(
+            *keys, *[f"coalesce(_{s}{c}, 0) AS _{s}{c}" for s in "lr" for c in ("co", "cn")],
+            "coalesce(_lt, false) OR coalesce(_rt, false) AS _t").filter("_t")
+
+    def unmatched(self, s: str, rows: dict[str, DataFrame], counts: DataFrame,
+                  schemas: dict[str, Any]) -> DataFrame:
         """Changes to side ``s``'s rows that appear without a match (null-padded, anti) or
-        only with one (semi), for the rows whose join key the batch touched."""
-        ks, ko = self.kcols(s), self.kcols(o)
-        keys = delta[s].select(*ks).union(delta[o].selectExpr(
-            *[f"{b} AS {a}" for a, b in zip(ks, ko)])).distinct()
-        same_key = " AND ".join(f"a.{a} <=> k.{a}" for a in ks)
-        want = "_m > 0" if self.node.kind == "semi" else "_m = 0"
-        names = self.names[s]
-        pad = [f"CAST(NULL AS {f.dataType.simpleString()}) AS {quote(n)}"
-               for n, f in zip(self.names[o], other_schema.fields)]
-        out = []
-        for frame, other, sign in ((new[s], new[o], ""), (old[s], old[o], "-")):
-            rows = frame.alias("a").join(keys.alias("k"), sql_expr(same_key), "left_semi")
-            rows = self.match_count(rows, other, s, o).filter(want)
-            values = [quote(n) for n in names]
-            if self.node.kind in ("semi", "anti"):
-                out.append(rows.selectExpr(*values, f"{sign}_{s}w AS {W}"))
-            else:
-                cols = values + pad if s == "l" else pad + values
-                out.append(rows.selectExpr(*cols, f"{sign}_{s}w AS {W}"))
-        return out
-
-    def match_count(self, rows: DataFrame, other: DataFrame, s: str, o: str) -> DataFrame:
-        """``rows`` with ``_m``: the multiplicity of the other side's rows they match."""
-        on = self.condition()
-        if self.node.residual is None:  # matches depend on the key only: count per key
-            per_key = other.groupBy(*self.kcols(o)).agg(sql_expr(f"sum(_{o}w) AS _m"))
-            return rows.join(per_key, sql_expr(on), "left").selectExpr(
-                *self.cols(s), f"_{s}w", "coalesce(_m, 0) AS _m")
-        return rows.join(other, sql_expr(on), "left").groupBy(*self.cols(s), f"_{s}w").agg(
-            sql_expr(f"coalesce(sum(_{o}w), 0) AS _m"))
+        only with one (semi), for the keys the batch touched."""
+        o = "r" if s == "l" else "l"
+        same = " AND ".join(f"{k} <=> _ck{i}" for i, k in enumerate(self.kcols(s)))
+        mine = rows[s].join(counts, sql_expr(same), "left_semi" if
+                            self.node.residual else "inner")
+        if self.node.residual is None:  # matches depend on the key only
+            m_old, m_new = f"_{o}co", f"_{o}cn"
+        else:  # count matching rows of the other side, per row
+            mine = mine.join(rows[o], sql_expr(self.condition()), "left").groupBy(
+                *self.cols(s), f"_{s}o", f"_{s}n").agg(
+                sql_expr(f"coalesce(sum(_{o}o), 0) AS _mo"),
+                sql_expr(f"coalesce(sum(_{o}n), 0) AS _mn"))
+            m_old, m_new = "_mo", "_mn"
+        test = "> 0" if self.node.kind == "semi" else "= 0"
+        weight = (f"CASE WHEN {m_new} {test} THEN _{s}n ELSE 0 END - "
+                  f"CASE WHEN {m_old} {test} THEN _{s}o ELSE 0 END")
+        values = [quote(n) for n in self.names[s]]
+        if self.node.kind not in ("semi", "anti"):
+            pad = [f"CAST(NULL AS {f.dataType.simpleString()}) AS {quote(n)}"
+                   for n, f in zip(self.names[o], schemas[o].fields)]
+            values = values + pad if s == "l" else pad + values
+        return mine.selectExpr(*values, f"{weight} AS {W}").filter(f"{W} != 0")
 
 
 def _side_schema(schema: Any, names: list[str]) -> Any:
