@@ -20,6 +20,9 @@ EXPECTED_TABLES = {
     "whale_bids": "bids",
     "category_reserve": "cdc",
     "auction_count": "cdc",
+    "local_sellers": "cdc",
+    "category_prices": "cdc",
+    "hot_auctions": "auctions",
 }
 
 
