@@ -5,6 +5,7 @@ maintain incrementally live here, next to the AST, so every error can point at t
 """
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass, field, replace
 from typing import Callable
 
@@ -37,7 +38,9 @@ from octo_platform.logical.plan import (
 __all__ = ["SourceDef", "TableDef", "Catalog", "build_catalog"]
 
 FORMATS = ("json", "csv", "parquet", "debezium-json")
-CONNECTORS = ("files",)
+CONNECTORS = ("files", "delta")
+DELTA_OPTIONS = ("connector", "path", "primary_key", "mode")
+MODES = ("updating", "append-only")
 NONDETERMINISTIC = {
     "rand", "randn", "random", "uuid", "shuffle", "now", "current_timestamp", "current_date",
     "current_time", "localtimestamp", "unix_timestamp", "monotonically_increasing_id",
@@ -157,13 +160,25 @@ def _bind_source(stmt: SourceStmt) -> SourceDef:
                        f" (got {connector!r})", here)
     if "path" not in opts:
         raise SqlError(f"source {stmt.name!r}: option 'path' is required", here)
-    fmt = opts.get("format", "")
-    if fmt not in FORMATS:
-        raise SqlError(f"source {stmt.name!r}: format must be one of {', '.join(FORMATS)}"
-                       f" (got {fmt!r})", here)
+    mode: Mode
+    if connector == "delta":  # an existing Delta table: its rows may be updated and deleted
+        for key in opts:
+            if key not in DELTA_OPTIONS:
+                raise SqlError(f"source {stmt.name!r}: option {key!r} does not apply to "
+                               f"connector 'delta' (its options: {', '.join(DELTA_OPTIONS)})",
+                               here)
+        mode = opts.get("mode", "updating")  # type: ignore[assignment]
+        if mode not in MODES:
+            raise SqlError(f"source {stmt.name!r}: option 'mode' must be one of "
+                           f"{', '.join(MODES)} (got {mode!r})", here)
+    else:
+        fmt = opts.get("format", "")
+        if fmt not in FORMATS:
+            raise SqlError(f"source {stmt.name!r}: format must be one of {', '.join(FORMATS)}"
+                           f" (got {fmt!r})", here)
+        mode = "updating" if fmt == "debezium-json" else "append-only"
     columns = tuple(c for c, _ in stmt.columns)
     pk = _key_option(opts, columns, f"source {stmt.name!r}", here)
-    mode: Mode = "updating" if fmt == "debezium-json" else "append-only"
     return SourceDef(stmt.name, columns, tuple(t for _, t in stmt.columns), opts, mode, pk,
                      stmt.file.path)
 
@@ -198,6 +213,7 @@ def _bind_table(catalog: Catalog, stmt: TableStmt) -> TableDef:
     if unknown:
         raise SqlError(f"streaming table {stmt.name!r}: unknown option(s) "
                        f"{', '.join(sorted(unknown))} (known: primary_key)", here)
+    plan = _prune(plan, set(plan.columns))
     return TableDef(stmt.name, plan, dict(stmt.options), stmt.sql, stmt.file.path,
                     pk if pk is not None else plan.pk, tuple(sorted(binder.deps)))
 
@@ -935,3 +951,50 @@ def _push_filter(node: Node, cond: exp.Expression) -> Node | None:
             child.columns, child.mode, child.pk, input=child, condition=moved.sql(DIALECT))
         return replace(node, **{side: inner})
     return None
+
+
+_QUOTED = re.compile(r"`((?:[^`]|``)+)`")
+
+
+def _refs(*sql: str | None) -> set[str]:
+    """Column names an expression reads (the binder quotes every column reference)."""
+    return {m.replace("``", "`") for text in sql if text for m in _QUOTED.findall(text)}
+
+
+def _prune(node: Node, needed: set[str]) -> Node:
+    """Drop the columns nothing above reads before they reach a join, so join state keeps
+    only what the query uses. ``needed`` ⊆ ``node.columns``; the result keeps at least those."""
+    if isinstance(node, Project):
+        keep = [(c, e) for c, e in zip(node.columns, node.exprs) if c in needed]
+        child = _prune(node.input, _refs(*(e for _, e in keep)))
+        pk = node.pk if node.pk is not None and set(node.pk) <= needed else None
+        return replace(node, columns=tuple(c for c, _ in keep), exprs=tuple(e for _, e in keep),
+                       pk=pk, input=child)
+    if isinstance(node, Filter):
+        child = _prune(node.input, needed | _refs(node.condition))
+        return replace(node, columns=child.columns, pk=child.pk, input=child)
+    if isinstance(node, Aggregate):
+        args = {a.arg for a in node.aggs if a.arg is not None}
+        return replace(node, input=_prune(node.input, set(node.keys) | args))
+    if isinstance(node, Join):
+        needed = needed | _refs(*node.left_keys, *node.right_keys, node.residual)
+        nl = len(node.left.columns)
+        sides = []
+        for child, names in ((node.left, node.names[:nl]), (node.right, node.names[nl:])):
+            want = [c for c, n in zip(child.columns, names) if n in needed]
+            if not want:  # keep one column: a side must have a row shape
+                want = [child.columns[0]]
+            pruned = _prune(child, set(want))
+            if pruned.columns != tuple(want):
+                pruned = _project(pruned, tuple(want), tuple(quote(c) for c in want))
+            sides.append((pruned, tuple(n for c, n in zip(child.columns, names) if c in want)))
+        (left, lnames), (right, rnames) = sides
+        columns = lnames + (rnames if node.kind not in ("semi", "anti") else ())
+        pk = node.pk if node.pk is not None and set(node.pk) <= set(columns) else None
+        return replace(node, left=left, right=right, names=lnames + rnames, columns=columns,
+                       pk=pk)
+    if isinstance(node, TopN):  # ties are broken by every column: keep them all
+        return replace(node, input=_prune(node.input, set(node.input.columns)))
+    if isinstance(node, UnionAll):  # positional: children keep their columns
+        return replace(node, children=tuple(_prune(c, set(c.columns)) for c in node.children))
+    return node
