@@ -4,7 +4,7 @@ VENV   ?= .venv
 PY     := $(VENV)/bin/python
 STAMP  := $(VENV)/.installed
 
-.PHONY: install demo test bench explain clean
+.PHONY: install demo test bench bench-joins explain clean
 
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -22,6 +22,9 @@ test: $(STAMP)
 
 bench: $(STAMP)
 	PYSPARK_PYTHON=$(abspath $(PY)) $(PY) benchmarks/keyed_agg.py
+
+bench-joins: $(STAMP)
+	PYSPARK_PYTHON=$(abspath $(PY)) $(PY) benchmarks/nexmark_joins.py
 
 clean:
 	rm -rf $(VENV) warehouse .pytest_cache
