@@ -53,6 +53,8 @@ class Project:
         return self.catalog.sources[name.lower()]
 
     def source_path(self, source: SourceDef) -> str:
+        if "://" in source.options["path"]:  # a URI (s3://..., file://...) stays as written
+            return source.options["path"]
         path = Path(source.options["path"])
         return str(path if path.is_absolute() else (self.root / path).resolve())
 

@@ -6,11 +6,14 @@ the table already holds it, which makes re-running a half-finished batch idempot
 from __future__ import annotations
 
 import os
-from typing import Literal
+from typing import Any, Literal
+from urllib.parse import unquote
 
 import pyarrow as pa
 from deltalake import CommitProperties, DeltaTable, Transaction, write_deltalake
 from deltalake.exceptions import TableNotFoundError
+from deltalake.fs import DeltaStorageHandler
+from pyarrow import fs
 
 __all__ = ["DeltaStore"]
 
@@ -136,4 +139,58 @@ class DeltaStore:
     def arrow_schema(self, path: str) -> pa.Schema | None:
         dt = self._open(path)
         return None if dt is None else pa.schema(dt.schema().to_arrow())
+
+    # -- Delta tables written by others (the ``delta`` source connector) --------------------
+    def table_info(self, path: str, version: int | None = None) -> dict[str, Any] | None:
+        """``version``, arrow ``schema``, ``partition_columns``, ``configuration`` (table
+        properties) and ``reader_features`` of a version (default: the latest); None when there
+        is no table or no such version."""
+        dt = self._open(path, version)
+        if dt is None:
+            return None
+        meta = dt.metadata()
+        return {"version": dt.version(), "schema": pa.schema(dt.schema().to_arrow()),
+                "partition_columns": list(meta.partition_columns),
+                "configuration": dict(meta.configuration),
+                "reader_features": list(dt.protocol().reader_features or [])}
+
+    def snapshot(self, path: str, version: int) -> tuple[list[str], pa.Table] | None:
+        """Data file URIs of a version and their partition values (one row per file, same
+        order); None when the version cannot be loaded (no table, or its log was removed)."""
+        dt = self._open(path, version)
+        if dt is None:
+            return None
+        actions = pa.table(dt.get_add_actions(flatten=True))
+        base = dt.table_uri.rstrip("/")
+        uris = [rel if "://" in rel else f"{base}/{unquote(rel)}"
+                for rel in actions.column("path").to_pylist()]
+        parts = [c for c in actions.column_names if c.startswith("partition.")]
+        return uris, actions.select(parts).rename_columns(
+            [c.removeprefix("partition.") for c in parts])
+
+    def missing_files(self, path: str, uris: list[str]) -> list[str]:
+        """Those of ``uris`` (files of the table at ``path``) that no longer exist (vacuumed)."""
+        dt = self._open(path)
+        if dt is None:
+            return list(uris)
+        base = dt.table_uri.rstrip("/") + "/"
+        inside = [u for u in uris if u.startswith(base)]
+        handler = fs.PyFileSystem(DeltaStorageHandler(dt.table_uri, self.storage_options))
+        infos = handler.get_file_info([u[len(base):] for u in inside])
+        return [u for u, i in zip(inside, infos) if i.type == fs.FileType.NotFound]
+
+    def change_data(self, path: str, from_version: int, to_version: int) -> pa.Table | None:
+        """Change data feed of the commits after ``from_version`` up to ``to_version``: the
+        table's columns plus ``_change_type``. None when it cannot be read (files vacuumed)."""
+        dt = self._open(path, to_version)
+        if dt is None:
+            return None
+        try:
+            got = pa.table(dt.load_cdf(starting_version=from_version + 1,
+                                       ending_version=to_version).read_all())
+        except Exception:  # noqa: BLE001 - vacuumed files or log: the caller falls back
+            return None
+        columns = {f.name: got.column(f.name).cast(f.type)
+                   for f in pa.schema(dt.schema().to_arrow())}
+        return pa.table({**columns, "_change_type": got.column("_change_type").cast(pa.string())})
 

@@ -167,10 +167,11 @@ def _bind_source(stmt: SourceStmt) -> SourceDef:
                 raise SqlError(f"source {stmt.name!r}: option {key!r} does not apply to "
                                f"connector 'delta' (its options: {', '.join(DELTA_OPTIONS)})",
                                here)
-        mode = opts.get("mode", "updating")  # type: ignore[assignment]
-        if mode not in MODES:
+        declared = opts.get("mode", "updating")
+        if declared not in MODES:
             raise SqlError(f"source {stmt.name!r}: option 'mode' must be one of "
-                           f"{', '.join(MODES)} (got {mode!r})", here)
+                           f"{', '.join(MODES)} (got {declared!r})", here)
+        mode = "append-only" if declared == "append-only" else "updating"
     else:
         fmt = opts.get("format", "")
         if fmt not in FORMATS:

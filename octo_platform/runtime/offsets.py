@@ -23,6 +23,11 @@ class Store(Protocol):
     def added_files(self, path: str, from_version: int | None, to_version: int) -> list[str]: ...
     def read(self, path: str, version: int | None = None) -> pa.Table | None: ...
     def arrow_schema(self, path: str) -> pa.Schema | None: ...
+    def table_info(self, path: str, version: int | None = None) -> dict[str, Any] | None: ...
+    def snapshot(self, path: str, version: int) -> tuple[list[str], pa.Table] | None: ...
+    def missing_files(self, path: str, uris: list[str]) -> list[str]: ...
+    def change_data(self, path: str, from_version: int,
+                    to_version: int) -> pa.Table | None: ...
     def compact(self, path: str, *, rewrite: bool) -> None: ...
     def write(self, path: str, data: pa.Table, *, app_id: str, batch: int, mode: str = ...,
               partition_by: list[str] | None = None,
@@ -31,10 +36,12 @@ class Store(Protocol):
 
 @dataclass(frozen=True)
 class InputSpec:
-    """One input of a pipeline: new files in a directory, or an upstream changelog table."""
+    """One input of a pipeline: new files in a directory, or the versions of a Delta table
+    (an upstream changelog, or a ``delta`` source); both kinds of table are read as
+    ``{"from": previous version or None, "to": version}``."""
 
     key: str
-    kind: str  # "files" | "changelog"
+    kind: str  # "files" | "changelog" | "delta"
     path: str
     max_files: int = 1000
 
@@ -144,6 +151,6 @@ def next_inputs(specs: tuple[InputSpec, ...], log: BatchLog, *, store: Store,
 
 def available(specs: tuple[InputSpec, ...], *, store: Store,
               list_files: Callable[[str], list[str]]) -> dict[str, Any]:
-    """Everything each input has right now: file lists and upstream changelog versions."""
+    """Everything each input has right now: file lists and Delta table versions."""
     return {s.key: list_files(s.path) if s.kind == "files" else store.version(s.path)
             for s in specs}

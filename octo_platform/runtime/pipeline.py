@@ -76,6 +76,7 @@ class Environment:
     list_files: Callable[[str], list[str]]
     read_files: Callable[..., Any]
     file_source: Callable[..., Any]
+    delta_source: Callable[..., Any]
     decode_changelog: Callable[[DataFrame, tuple[str, ...]], DataFrame]
     encode_changelog: Callable[..., DataFrame]
     encode_keyed: Callable[..., DataFrame]
@@ -105,15 +106,17 @@ def input_specs(project: Project, table: CompiledTable, layout: Layout) -> tuple
     """Where each input of ``table`` comes from, in a form the offsets source can pickle."""
     specs = []
     for src in table.physical.sources:
-        if src.kind == "source":
-            sdef = project.source(src.name)
-            specs.append(InputSpec(source_key(src.kind, src.name), "files",
-                                   project.source_path(sdef),
-                                   int(sdef.options.get("max_files_per_batch", "1000"))))
+        key = source_key(src.kind, src.name)
+        if src.kind == "table":
+            specs.append(InputSpec(key, "changelog",
+                                   layout.changelog(project.table(src.name).name)))
+            continue
+        sdef = project.source(src.name)
+        if sdef.connector == "delta":
+            specs.append(InputSpec(key, "delta", project.source_path(sdef)))
         else:
-            upstream = project.table(src.name).name
-            specs.append(InputSpec(source_key(src.kind, src.name), "changelog",
-                                   layout.changelog(upstream)))
+            specs.append(InputSpec(key, "files", project.source_path(sdef),
+                                   int(sdef.options.get("max_files_per_batch", "1000"))))
     return tuple(specs)
 
 
@@ -135,6 +138,12 @@ class Pipeline:
         self.memo: dict[str, Any] = {}
         self.inputs = input_specs(project, table, layout)
         self.log = BatchLog(env.store, layout.log(self.name))
+        self.delta_sources = {
+            src.name.lower(): env.delta_source(sdef, project.source_path(sdef))
+            for src in table.physical.sources
+            if src.kind == "source" and (sdef := project.source(src.name)).connector == "delta"}
+        for name, dsrc in self.delta_sources.items():  # the table and its columns exist
+            dsrc.check(self.name, last_read=self.log.last_version(source_key("source", name)))
         self.check_fingerprint()
 
     def check_fingerprint(self) -> None:
@@ -206,9 +215,11 @@ class Pipeline:
         size = 0
         for src in self.table.physical.sources:
             got = inputs.get(source_key(src.kind, src.name))
-            if src.kind == "table":
-                rows = self.upstream_changes(src, got)
-                if got:  # an upstream changelog can be large; count only what we read
+            dsrc = self.delta_sources.get(src.name.lower()) if src.kind == "source" else None
+            if src.kind == "table" or dsrc is not None:
+                rows = (self.upstream_changes(src, got) if dsrc is None
+                        else dsrc.changes(self.spark, got, table=self.name))
+                if got:  # a Delta table can be large; count only what we read
                     rows = ctx.persist(rows)
                     n = rows.count()
                     stats.rows_in += n

@@ -1,0 +1,153 @@
+"""The ``delta`` connector: an existing Delta table (say a dimension someone else maintains)
+as weighted rows.
+
+The first batch that reads it gets the snapshot of the version it read (every row +1). Each
+later batch gets the changes committed after the version the previous batch read, up to its
+own: the change data feed where the table has it enabled (``insert`` / ``update_postimage``
++1, ``delete`` / ``update_preimage`` -1), otherwise the difference of the two versions' data
+files (rows of removed files -1, rows of added files +1; rows a rewrite carries over cancel
+out when the pipeline consolidates). Declared columns are taken from the table by name
+(case-insensitive) and cast to the declared types.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+
+from octo_platform.errors import RunError
+from octo_platform.logical.plan import quote
+from octo_platform.runtime.columns import WEIGHT
+from octo_platform.runtime.operators import sql_expr
+
+if TYPE_CHECKING:
+    from pyspark.sql import DataFrame, SparkSession
+
+    from octo_platform.runtime.offsets import Store
+
+__all__ = ["DeltaSource"]
+
+FILE = "__octo_file"  # data file name, to give each row its file's weight and partition values
+CDF_WEIGHT = ("CASE WHEN _change_type IN ('insert', 'update_postimage') THEN 1 "
+              "WHEN _change_type IN ('delete', 'update_preimage') THEN -1 END")
+
+
+@dataclass(frozen=True)
+class DeltaSource:
+    """A ``CREATE SOURCE ... WITH (connector = 'delta', path = ...)`` and the store to read it."""
+
+    name: str
+    columns: tuple[str, ...]
+    types: tuple[str, ...]
+    path: str
+    store: Store
+    append_only: bool = False
+
+    def check(self, table: str, version: int | None = None, *,
+              last_read: int | None = None) -> tuple[dict[str, Any], dict[str, str]]:
+        """The table's description at ``version`` (default: the latest) and the table column
+        of each declared column; raises when the table, the version or a column is missing,
+        or when the table is older than the version ``table`` read last (it was replaced)."""
+        info = self.store.table_info(self.path, version)
+        if info is None and version is not None:
+            raise self.gone(version, table)
+        if info is None:
+            raise RunError(f"source {self.name!r}: no Delta table at {self.path} (option 'path')")
+        if last_read is not None and info["version"] < last_read:
+            raise RunError(f"source {self.name!r}: the Delta table at {self.path} is at version "
+                           f"{info['version']}, but {table!r} already read version {last_read}: "
+                           f"the table was replaced. Run `octo reset {table}` to rebuild "
+                           f"{table!r} from its current snapshot.")
+        mapping = info["configuration"].get("delta.columnMapping.mode", "none")
+        if mapping != "none" or "deletionVectors" in info["reader_features"]:
+            what = "column mapping" if mapping != "none" else "deletion vectors"
+            raise RunError(f"source {self.name!r}: the Delta table at {self.path} uses {what}, "
+                           "which the delta connector cannot read")
+        names = {f.name.lower(): f.name for f in info["schema"]}
+        missing = [c for c in self.columns if c.lower() not in names]
+        if missing:
+            raise RunError(f"source {self.name!r}: column(s) {', '.join(missing)} not found in "
+                           f"the Delta table at {self.path} (available: "
+                           f"{', '.join(f.name for f in info['schema'])})")
+        return info, {c: names[c.lower()] for c in self.columns}
+
+    def changes(self, spark: SparkSession, got: dict[str, Any] | None, *,
+                table: str) -> DataFrame:
+        """Weighted rows of the versions ``got`` = ``{"from": v0 or None, "to": v1}``."""
+        if not got:
+            return self.empty(spark)
+        start, end = got["from"], got["to"]
+        info, names = self.check(table, end)
+        cdf = None
+        if start is not None and info["configuration"].get(
+                "delta.enableChangeDataFeed", "").lower() == "true":
+            cdf = self.store.change_data(self.path, start, end)
+        if cdf is not None:
+            picked = cdf.select([*dict.fromkeys(names.values()), "_change_type"])
+            rows = self.weighted(spark.createDataFrame(picked), names, CDF_WEIGHT)
+        else:
+            rows = self.files_diff(spark, info, names, start, end, table)
+        return self.inserts_only(rows, start, end, table) if self.append_only else rows
+
+    def files_diff(self, spark: SparkSession, info: dict[str, Any], names: dict[str, str],
+                   start: int | None, end: int, table: str) -> DataFrame:
+        """Rows of the files in ``end`` but not ``start`` (+1) and in ``start`` only (-1)."""
+        import pyarrow as pa
+        from pyspark.sql import functions as F
+        from pyspark.sql.pandas.types import from_arrow_type
+        from pyspark.sql.types import StructField, StructType
+
+        old = self.store.snapshot(self.path, start) if start is not None else ([], pa.table({}))
+        new = self.store.snapshot(self.path, end)
+        if old is None or new is None:
+            raise self.gone(start if old is None else end, table)
+        keep = set(new[0])
+        removed = [i for i, u in enumerate(old[0]) if u not in keep]
+        keep = set(old[0])
+        added = [i for i, u in enumerate(new[0]) if u not in keep]
+        uris = [old[0][i] for i in removed] + [new[0][i] for i in added]
+        if start is not None and self.store.missing_files(self.path, uris):
+            raise self.gone(start, table)
+        if not uris:
+            return self.empty(spark)
+        values = pa.concat_tables([old[1].take(removed), new[1].take(added)],
+                                  promote_options="permissive")
+        files = pa.table({FILE: [u.rsplit("/", 1)[-1] for u in uris],
+                          WEIGHT: pa.array([-1] * len(removed) + [1] * len(added), pa.int64()),
+                          **{c: values.column(c) for c in values.column_names}})
+        parts = set(info["partition_columns"])
+        schema = StructType([StructField(f.name, from_arrow_type(f.type), True)
+                             for f in info["schema"]
+                             if f.name in names.values() and f.name not in parts])
+        data = spark.read.schema(schema).parquet(*uris) \
+            .selectExpr("*", f"_metadata.file_name AS {FILE}")
+        rows = data.join(F.broadcast(spark.createDataFrame(files)), FILE)
+        return self.weighted(rows, names, quote(WEIGHT))
+
+    def empty(self, spark: SparkSession) -> DataFrame:
+        ddl = ", ".join(f"{quote(c)} {t}" for c, t in zip(self.columns, self.types))
+        return spark.createDataFrame([], f"{ddl}, {WEIGHT} BIGINT")
+
+    def weighted(self, df: DataFrame, names: dict[str, str], weight: str) -> DataFrame:
+        return df.selectExpr(*[f"CAST({quote(names[c])} AS {t}) AS {quote(c)}"
+                               for c, t in zip(self.columns, self.types)],
+                             f"CAST({weight} AS BIGINT) AS {WEIGHT}")
+
+    def inserts_only(self, rows: DataFrame, start: int | None, end: int,
+                     table: str) -> DataFrame:
+        """A source declared ``mode = 'append-only'``: consolidated rows, none retracted."""
+        if start is None:
+            return rows
+        w = quote(WEIGHT)
+        cols = [quote(c) for c in self.columns]
+        net = rows.groupBy(*cols).agg(sql_expr(f"sum({w}) AS {w}")).filter(f"{w} != 0")
+        if net.filter(f"{w} < 0").limit(1).count():
+            raise RunError(f"source {self.name!r} is declared mode = 'append-only', but rows "
+                           f"were updated or deleted in the Delta table at {self.path} after "
+                           f"version {start}: drop the option and run `octo reset {table}`")
+        return net
+
+    def gone(self, version: int, table: str) -> RunError:
+        return RunError(f"source {self.name!r}: version {version} of the Delta table at "
+                        f"{self.path} or its files were removed (vacuumed), so the changes "
+                        f"since then cannot be read. Run `octo reset {table}` to rebuild "
+                        f"{table!r} from the table's current snapshot.")

@@ -1,0 +1,201 @@
+"""The delta connector: a Delta table maintained by someone else (a slowly changing dimension)
+as an updating source. After every run, each table's replayed changelog must equal the same
+SELECT run by Spark as a batch query over the dimension's current rows and all facts."""
+from __future__ import annotations
+
+import json
+import shutil
+from pathlib import Path
+
+import pyarrow as pa
+import pytest
+from deltalake import DeltaTable, write_deltalake
+
+from octo_platform.cli import main as octo
+from octo_platform.errors import RunError, SqlError
+from octo_platform.project import load_project
+from octo_platform.runtime.runner import run_tables
+from tests.oracle import batch_result, check_changelog, current, replay, write_lines
+
+TABLES = {
+    "enriched": """SELECT f.id, f.k, d.name, f.amount * d.tier AS score
+        FROM facts f JOIN dim d ON f.k = d.k""",
+    "enriched_left": "SELECT f.id, f.k, d.name FROM facts f LEFT JOIN dim d ON f.k = d.k",
+    "gold": "SELECT k, upper(name) AS name FROM dim WHERE tier >= 2",
+}
+
+
+def project_sql(dim_options: str, tables: dict[str, str] = TABLES) -> str:
+    return "\n".join([
+        "CREATE SOURCE facts (id BIGINT, k BIGINT, amount BIGINT) WITH (connector = 'files', "
+        "path = 'data/facts', format = 'json', max_files_per_batch = 1);",
+        # declared names in lower case, tier wider than in the table, `note` not declared
+        f"CREATE SOURCE dim (k BIGINT, name STRING, tier BIGINT) WITH ({dim_options});",
+        *[f"CREATE STREAMING TABLE {n} AS {q};" for n, q in tables.items()]])
+
+
+def dim_rows(keys, names: str = "abcdefghij", tier: int = 2) -> pa.Table:
+    keys = list(keys)
+    return pa.table({"K": pa.array(keys, pa.int64()),
+                     "Name": [names[k % len(names)] for k in keys],
+                     "tier": pa.array([tier + k % 2 for k in keys], pa.int32()),
+                     "note": ["x"] * len(keys)})
+
+
+def dim_relation(path: Path) -> list[dict]:
+    rows = DeltaTable(str(path)).to_pyarrow_table().to_pylist()
+    return [{"k": r["K"], "name": r["Name"], "tier": r["tier"]} for r in rows]
+
+
+class Facts:
+    def __init__(self, root: Path) -> None:
+        self.root = root
+        self.rows: list[dict] = []
+
+    def add(self, keys) -> None:
+        new = [{"id": len(self.rows) + i, "k": k, "amount": 10 + k} for i, k in enumerate(keys)]
+        self.rows += new
+        write_lines(self.root / "data" / "facts", f"f{len(self.rows)}.json",
+                    [json.dumps(r) for r in new])
+
+
+def make_project(root: Path, sql: str) -> None:
+    (root / "sql").mkdir(exist_ok=True)
+    (root / "sql" / "p.sql").write_text(sql)
+
+
+def check_tables(spark, root: Path, sql: str, inputs: dict, tables, label: str) -> None:
+    project = load_project(root)
+    for name in tables:
+        expected = batch_result(spark, sql, inputs, name)
+        got = replay(root / "warehouse", name)
+        assert got == expected, f"{label}, {name}: replay != batch SQL"
+        assert current(root / "warehouse", name) == got, f"{label}, {name}: current != replay"
+        check_changelog(root / "warehouse", name, pk=project.table(name).physical.pk is not None)
+
+
+@pytest.mark.parametrize("cdf", [False, True], ids=["files-diff", "change-data-feed"])
+def test_join_and_read_follow_dimension_changes(spark, tmp_path, cdf):
+    dim = tmp_path / "dim"
+    config = {"delta.enableChangeDataFeed": "true"} if cdf else None
+    write_deltalake(dim, dim_rows(range(1, 6)), configuration=config)
+    # with the change data feed, declare a key (u events); without, allow duplicate rows
+    sql = project_sql("connector = 'delta', path = 'dim'" + (", primary_key = 'k'" if cdf else ""))
+    make_project(tmp_path, sql)
+    facts = Facts(tmp_path)
+
+    def run(label: str) -> None:
+        assert run_tables(spark, tmp_path, until_idle=True, buckets=4, progress=None).batches
+        check_tables(spark, tmp_path, sql, {"facts": facts.rows, "dim": dim_relation(dim)},
+                     TABLES, label)
+
+    # 1. the snapshot and the first facts
+    facts.add([0, 1, 2, 2, 3, 4, 5, 7])
+    run("snapshot")
+    assert first_rows_in(tmp_path, "gold") == 5, "the first batch reads the whole snapshot"
+
+    # 2. several commits, no new facts: update, delete, appends, a rewrite (compaction)
+    dt = DeltaTable(str(dim))
+    dt.update(updates={"Name": "'bee'"}, predicate="K = 2")
+    dt.delete("K = 3")
+    DeltaTable(str(dim)).update(updates={"tier": "1"}, predicate="K = 4")
+    write_deltalake(dim, dim_rows([6, 7]), mode="append")
+    write_deltalake(dim, dim_rows([8] if cdf else [5, 8]), mode="append")  # a bag: 5 twice
+    DeltaTable(str(dim)).optimize.compact()
+    run("update, delete, append and compact")
+
+    # 3. an overwrite with new facts, then (one file per batch) a batch of facts only
+    write_deltalake(dim, dim_rows([1, 2, 9], names="zyxwvutsrq", tier=1), mode="overwrite")
+    facts.add([1, 2, 3, 6, 9])
+    facts.add([2, 9, 9, 10])
+    run("overwrite")
+    assert [sorted(i) for i in batch_log(tmp_path, "enriched", "intent")[-2:]] == [
+        ["source:dim", "source:facts"], ["source:facts"]]
+
+
+def batch_log(root: Path, table: str, kind: str) -> list[dict]:
+    """Payloads of the table's batch log records of one kind, in batch order."""
+    rows = DeltaTable(str(root / "warehouse/_octo" / table / "log")).to_pyarrow_table()
+    return [json.loads(r["payload"]) for r in sorted(rows.to_pylist(),
+                                                     key=lambda r: r["batch_id"])
+            if r["kind"] == kind]
+
+
+def first_rows_in(root: Path, table: str) -> int:
+    return batch_log(root, table, "commit")[0]["stats"]["rows_in"]
+
+
+def test_vacuumed_history_asks_for_a_reset(spark, tmp_path):
+    dim = tmp_path / "dim"
+    write_deltalake(dim, dim_rows(range(1, 4)))
+    tables = {"gold": TABLES["gold"]}
+    sql = project_sql("connector = 'delta', path = 'dim'", tables)
+    make_project(tmp_path, sql)
+    run_tables(spark, tmp_path, until_idle=True, buckets=4, progress=None)
+    dt = DeltaTable(str(dim))
+    dt.update(updates={"Name": "'new'"}, predicate="K = 2")
+    DeltaTable(str(dim)).vacuum(retention_hours=0, enforce_retention_duration=False,
+                                dry_run=False)
+    with pytest.raises(RunError, match=r"vacuumed.*octo reset gold"):
+        run_tables(spark, tmp_path, until_idle=True, buckets=4, progress=None)
+    assert octo(["reset", "gold", "--project", str(tmp_path)]) == 0
+    run_tables(spark, tmp_path, until_idle=True, buckets=4, progress=None)
+    check_tables(spark, tmp_path, sql, {"facts": [], "dim": dim_relation(dim)}, tables,
+                 "after reset")
+    shutil.rmtree(dim)  # a new table at the same path: its versions start again
+    write_deltalake(dim, dim_rows([1]))
+    with pytest.raises(RunError, match=r"table was replaced.*octo reset gold"):
+        run_tables(spark, tmp_path, until_idle=True, buckets=4, progress=None)
+
+
+def test_append_only_declaration_is_checked(spark, tmp_path):
+    dim = tmp_path / "dim"
+    write_deltalake(dim, dim_rows([1, 2]), partition_by=["tier"])  # tier only in paths
+    tables = {"gold": TABLES["gold"]}
+    sql = project_sql("connector = 'delta', path = 'dim', mode = 'append-only'", tables)
+    make_project(tmp_path, sql)
+    assert load_project(tmp_path).table("gold").definition.plan.mode == "append-only"
+    run_tables(spark, tmp_path, until_idle=True, buckets=4, progress=None)
+    write_deltalake(dim, dim_rows([3, 4]), mode="append")
+    DeltaTable(str(dim)).optimize.compact()
+    run_tables(spark, tmp_path, until_idle=True, buckets=4, progress=None)
+    check_tables(spark, tmp_path, sql, {"facts": [], "dim": dim_relation(dim)}, tables,
+                 "appends")
+    DeltaTable(str(dim)).delete("K = 1")
+    with pytest.raises(RunError, match="declared mode = 'append-only'.*octo reset gold"):
+        run_tables(spark, tmp_path, until_idle=True, buckets=4, progress=None)
+
+
+def test_missing_table_and_missing_column_are_clear(spark, tmp_path):
+    write_deltalake(tmp_path / "dim", dim_rows([1]))
+    make_project(tmp_path, project_sql("connector = 'delta', path = 'nope'"))
+    with pytest.raises(RunError, match=r"source 'dim': no Delta table at .*nope"):
+        run_tables(spark, tmp_path, until_idle=True, progress=None)
+    sql = project_sql("connector = 'delta', path = 'dim'").replace("tier BIGINT",
+                                                                   "tier BIGINT, colour STRING")
+    make_project(tmp_path, sql)
+    with pytest.raises(RunError) as err:
+        run_tables(spark, tmp_path, until_idle=True, progress=None)
+    msg = str(err.value)
+    assert "source 'dim'" in msg and "colour" in msg and str(tmp_path / "dim") in msg
+    assert "available: K, Name, tier, note" in msg
+
+
+@pytest.mark.parametrize("options, message", [
+    ("connector = 'delta'", "option 'path' is required"),
+    ("connector = 'delta', path = 'dim', format = 'parquet'",
+     "option 'format' does not apply to connector 'delta'"),
+    ("connector = 'delta', path = 'dim', mode = 'sometimes'",
+     "option 'mode' must be one of updating, append-only"),
+    ("connector = 'delta', path = 'dim', primary_key = 'nope'", "primary_key column 'nope'"),
+])
+def test_source_options_are_checked(tmp_path, options, message):
+    make_project(tmp_path, project_sql(options))
+    with pytest.raises(SqlError, match=message):
+        load_project(tmp_path)
+
+
+def test_delta_source_is_updating_and_keyed(tmp_path):
+    make_project(tmp_path, project_sql("connector = 'delta', path = 'dim', primary_key = 'k'"))
+    source = load_project(tmp_path).source("dim")
+    assert (source.mode, source.pk) == ("updating", ("k",))
