@@ -266,13 +266,11 @@ class Pipeline:
         if files:
             events = self.spark.read.parquet(*files)
         else:
-            import pyarrow as pa
-
             schema = self.env.store.arrow_schema(path)
             if schema is None:
                 raise RunError(f"{self.name}: upstream table {upstream.name!r} has no changelog "
                                "yet; run it first")
-            events = self.spark.createDataFrame(pa.Table.from_batches([], schema))
+            events = self.spark.createDataFrame(schema.empty_table())  # one empty chunk
         return self.env.decode_changelog(events, src.columns)
 
     def sink(self, ctx: BatchContext, delta: DataFrame, pinned: dict[str, int | None],
