@@ -42,11 +42,11 @@ class StateReader(Protocol):
 
 @dataclass
 class StagedWrite:
-    """New contents of some buckets of a state table (or the whole table)."""
+    """New contents of some buckets of a state table; ``buckets`` None appends ``data``."""
 
     table: str
     data: DataFrame
-    buckets: list[int]
+    buckets: list[int] | None
 
 
 @dataclass
@@ -314,6 +314,9 @@ def consolidate(df: DataFrame, columns: list[str], weight: str = W) -> DataFrame
         f"{weight} != 0")
 
 
+COMPACT_EVERY = 10  # batches between rewrites of a join's state (appends in between)
+
+
 def touched_buckets(ctx: BatchContext, frames: list[DataFrame], keyed: bool) -> set[int]:
     """Buckets the rows of ``frames`` fall in (every bucket for a large batch)."""
     if ctx.all_buckets and keyed:
@@ -388,34 +391,54 @@ class _Join:
             .selectExpr("*", f"{self.bucket(s)} AS {BUCKET}")) for s in "lr"}
         touched = touched_buckets(ctx, [delta["l"].select(BUCKET).union(
             delta["r"].select(BUCKET))], keyed=True)
-        delta = {s: d.drop(BUCKET) for s, d in delta.items()}
         if not touched:
             return self.matched(delta["l"].limit(0), delta["r"].limit(0)
                                 ).selectExpr(*self.out_columns(), W)
-        rows = {}
+        # State is a log of weighted rows: a batch appends its Δ; every COMPACT_EVERY-th
+        # batch rewrites the touched buckets consolidated instead (net-zero rows dropped).
+        compact = ctx.batch % COMPACT_EVERY == COMPACT_EVERY - 1
+        old = {}
         for s, side in (("l", "left"), ("r", "right")):
             table = node.side_table(side)
             names = self.names[s]
             stored = ctx.read_state(table, _side_schema(schemas[s], names), touched)
-            old = self.with_keys(stored.toDF(*names, f"_{s}w"), s, types)
-            both = old.selectExpr("*", f"_{s}w AS _{s}o", "false AS _d").unionByName(
-                delta[s].selectExpr("*", f"0 AS _{s}o", "true AS _d"))
-            rows[s] = ctx.persist(both.groupBy(*self.cols(s)).agg(
-                sql_expr(f"sum(_{s}o) AS _{s}o"), sql_expr(f"sum(_{s}w) AS _{s}n"),
-                sql_expr(f"max(_d) AS _{s}d")))
-            ctx.writes.append(StagedWrite(table, rows[s].filter(f"_{s}n != 0").selectExpr(
-                *[f"{quote(n)} AS {c}" for n, c in zip(names, positional(names))],
-                f"_{s}n AS {COUNT}", f"{self.bucket(s)} AS {BUCKET}"), sorted(touched)))
+            old[s] = self.with_keys(stored.toDF(*names, f"_{s}w"), s, types)
+            store = [f"{quote(n)} AS {c}" for n, c in zip(names, positional(names))]
+            store += [f"_{s}w AS {COUNT}", f"{self.bucket(s)} AS {BUCKET}"]
+            if compact:
+                merged = consolidate(old[s].unionByName(delta[s].drop(BUCKET)), self.cols(s),
+                                     f"_{s}w")
+                ctx.writes.append(StagedWrite(table, merged.selectExpr(*store), sorted(touched)))
+            else:
+                ctx.writes.append(StagedWrite(table, delta[s].selectExpr(*store), None))
+        delta = {s: d.drop(BUCKET) for s, d in delta.items()}
         parts = []
-        if node.kind in ("inner", "left", "right", "full"):
-            old_r = rows["r"].filter("_ro != 0").withColumnRenamed("_ro", "_rw")
-            new_l = rows["l"].filter("_ln != 0").withColumnRenamed("_ln", "_lw")
-            parts += [self.matched(delta["l"], old_r), self.matched(new_l, delta["r"])]
-        sides = {"left": "l", "semi": "l", "anti": "l", "right": "r"}.get(node.kind, "lr")
+        if node.kind in ("inner", "left", "right", "full"):  # ΔL⋈R_old + L_new⋈ΔR
+            new_l = old["l"].unionByName(delta["l"])
+            parts += [self.matched(delta["l"], old["r"]), self.matched(new_l, delta["r"])]
         if node.kind != "inner":
+            rows = self.affected_rows(old, delta)
             counts = self.key_counts(rows)
+            sides = {"left": "l", "semi": "l", "anti": "l", "right": "r"}.get(node.kind, "lr")
             parts += [self.unmatched(s, rows, counts, schemas) for s in sides]
         return reduce(lambda a, b: a.union(b), parts)
+
+    def affected_rows(self, old: dict[str, DataFrame], delta: dict[str, DataFrame]
+                      ) -> dict[str, DataFrame]:
+        """Per side, the distinct rows whose join key the batch touched, with their old and
+        new multiplicity (``_<s>o``, ``_<s>n``) and whether the batch changed them."""
+        keys = delta["l"].select(*self.kcols("l")).union(delta["r"].select(*self.kcols("r")))
+        keys = keys.toDF(*[f"_ak{i}" for i in range(len(self.kcols("l")))]).distinct()
+        rows = {}
+        for s in "lr":
+            same = " AND ".join(f"{k} <=> _ak{i}" for i, k in enumerate(self.kcols(s)))
+            mine = old[s].join(keys, sql_expr(same), "left_semi")
+            both = mine.selectExpr("*", f"_{s}w AS _{s}o", "false AS _d").unionByName(
+                delta[s].selectExpr("*", f"0 AS _{s}o", "true AS _d"))
+            rows[s] = self.ctx.persist(both.groupBy(*self.cols(s)).agg(
+                sql_expr(f"sum(_{s}o) AS _{s}o"), sql_expr(f"sum(_{s}w) AS _{s}n"),
+                sql_expr(f"max(_d) AS _{s}d")))
+        return rows
 
     def out_columns(self) -> list[str]:
         names = self.names["l"] + ([] if self.node.kind in ("semi", "anti") else self.names["r"])

@@ -1,8 +1,8 @@
 """Run streaming tables as Spark Structured Streaming queries (``readStream ▶ foreachBatch``).
 
-``until_idle=True`` (catch-up, ``availableNow``): tables run one after another in dependency
-order, each processing everything available, so downstream tables see upstream output of
-the same run. Otherwise all tables run concurrently until Ctrl-C or ``deadline``; stopping
+``until_idle=True`` (catch-up, ``availableNow``): each table processes everything
+available; a table starts once its upstream tables of the run are done (so it sees their
+output of the same run), and up to ``parallel`` tables run at once. Otherwise all tables run concurrently until Ctrl-C or ``deadline``; stopping
 waits for the batch in flight, and an interrupted batch is redone exactly once next time.
 """
 from __future__ import annotations
@@ -131,6 +131,7 @@ class _Query:
 
 
 _REGISTERED: set[int] = set()
+DEFAULT_PARALLEL = 2  # catch-up queries at once: overlaps one query's start-up with another's work
 
 
 def _register(spark: SparkSession) -> None:
@@ -155,10 +156,12 @@ def run_tables(
     deadline: float | None = None,
     interval: str = "1 second",
     progress: Callable[[str], None] | None = print,
+    parallel: int = DEFAULT_PARALLEL,
 ) -> RunReport:
     """Run the named streaming tables (all when ``names`` is None); see module docstring.
 
-    ``deadline`` (a ``time.time()`` value) ends a continuous run cleanly.
+    ``deadline`` (a ``time.time()`` value) ends a continuous run cleanly; ``parallel`` caps
+    how many catch-up queries run at once.
     """
     if env is None:
         from octo_platform.wiring import default_environment
@@ -176,14 +179,41 @@ def run_tables(
                      for t in tables]
         queries = [_Query(spark, p, report, storage_options) for p in pipelines]
         if until_idle:
-            for q in queries:
-                _await(q, q.start(until_idle=True, interval=interval))
+            _catch_up(queries, parallel)
         else:
             _run_continuously(queries, interval, deadline, progress)
     finally:
         for lock in locks:
             lock.release()
     return report
+
+
+def _catch_up(queries: list[_Query], parallel: int) -> None:
+    """Run every query to idle, at most ``parallel`` at once, each once its upstream tables
+    in this run are done (so it sees their output of the same run)."""
+    by_name = {q.pipeline.name.lower(): q for q in queries}
+    deps = {n: {d.lower() for d in q.pipeline.table.definition.deps} & set(by_name)
+            for n, q in by_name.items()}
+    done: set[str] = set()
+    running: dict[str, object] = {}
+    try:
+        while len(done) < len(by_name):
+            for n in by_name:
+                if len(running) >= max(1, parallel):
+                    break
+                if n not in done and n not in running and deps[n] <= done:
+                    running[n] = by_name[n].start(until_idle=True, interval="0 seconds")
+            finished = [n for n, query in running.items() if not query.isActive]
+            for n in finished:
+                _await(by_name[n], running.pop(n))
+                done.add(n)
+            if not finished:
+                time.sleep(0.05)
+    finally:
+        for n, query in running.items():
+            by_name[n].stopping = True
+            query.stop()
+            by_name[n].cleanup()
 
 
 def _await(q: _Query, query) -> None:
