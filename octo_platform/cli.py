@@ -34,6 +34,8 @@ def _parser() -> argparse.ArgumentParser:
                      help="state buckets per operator (fixed once a table has state)")
     run.add_argument("--interval", default="1 second",
                      help="trigger interval of a continuous run (default: 1 second)")
+    run.add_argument("--parallel", type=int, default=3,
+                     help="with --until-idle: tables run at once, upstream first (default: 3)")
     project_opts(run)
 
     explain = sub.add_parser("explain", help="print the logical and physical plan of a table")
@@ -94,7 +96,7 @@ def _run(args: argparse.Namespace) -> int:
     report = run_tables(spark, project, warehouse=args.warehouse,
                         names=None if args.all else args.names,
                         until_idle=args.until_idle, buckets=args.buckets,
-                        interval=args.interval)
+                        interval=args.interval, parallel=args.parallel)
     total = len(report.batches)
     print(f"done: {total} batch(es), {report.dead_letters} dead letter(s)")
     return 0

@@ -2,8 +2,9 @@
 
 ``until_idle=True`` (catch-up, ``availableNow``): each table processes everything
 available; a table starts once its upstream tables of the run are done (so it sees their
-output of the same run), and up to ``parallel`` tables run at once. Otherwise all tables run concurrently until Ctrl-C or ``deadline``; stopping
-waits for the batch in flight, and an interrupted batch is redone exactly once next time.
+output of the same run), and up to ``parallel`` tables run at once. Otherwise all tables
+run concurrently until Ctrl-C or ``deadline``; stopping waits for the batch in flight, and
+an interrupted batch is redone exactly once next time.
 """
 from __future__ import annotations
 
@@ -131,7 +132,7 @@ class _Query:
 
 
 _REGISTERED: set[int] = set()
-DEFAULT_PARALLEL = 2  # catch-up queries at once: overlaps one query's start-up with another's work
+DEFAULT_PARALLEL = 3  # catch-up queries at once: overlaps start-up and driver work of several
 
 
 def _register(spark: SparkSession) -> None:
