@@ -76,6 +76,18 @@ class DeltaStore:
         before = set(self.files(path, from_version)) if from_version is not None else set()
         return sorted(f for f in self.files(path, to_version) if f not in before)
 
+    def num_rows(self, path: str, version: int | None = None) -> int | None:
+        """Rows in a snapshot, from the file statistics of the Delta log (no data read);
+        None when there is no table."""
+        dt = self._open(path, version)
+        if dt is None:
+            return None
+        actions = pa.table(dt.get_add_actions(flatten=True))
+        counts = actions.column("num_records").to_pylist() if actions.num_rows else []
+        if any(c is None for c in counts):  # a writer without statistics: count the rows
+            return dt.to_pyarrow_dataset().count_rows()
+        return int(sum(counts))
+
     def read(self, path: str, version: int | None = None) -> pa.Table | None:
         dt = self._open(path, version)
         return None if dt is None else dt.to_pyarrow_table()
