@@ -1,0 +1,59 @@
+"""The Dagster code location: every streaming table of a project's ``sql/`` as an asset.
+
+``defs`` serves the repository's example project (the demo's pipelines) unless
+``OCTO_PROJECT`` names another project directory. The environment is chosen here, once,
+from environment variables (the only place that reads them):
+
+- ``OCTO_PROJECT``       project directory (default: this repository)
+- ``OCTO_WAREHOUSE``     warehouse directory or URI (default: ``<project>/warehouse``)
+- ``OCTO_SPARK_MASTER``  Spark master (default: ``local[2]``)
+
+Assets never read the environment; they get ``spark`` and ``warehouse`` resources.
+"""
+from __future__ import annotations
+
+import os
+from pathlib import Path
+from typing import Any, Mapping
+
+import dagster as dg
+
+from octo_platform.project import load_project
+from octo_platform.runtime.session import QUICK_START_CONF
+from orchestration.assets import project_assets
+from orchestration.resources import SparkResource, WarehouseResource
+
+__all__ = ["build_definitions", "resources_from_env", "defs"]
+
+REPO_ROOT = Path(__file__).resolve().parents[1]
+
+
+def build_definitions(project_dir: str | Path, *,
+                      resources: Mapping[str, Any] | None = None) -> dg.Definitions:
+    """Definitions of one octo project: source assets, one asset per streaming table and the
+    ``spark`` / ``warehouse`` resources (default: local Spark, ``<project>/warehouse``).
+
+    Runs execute in process: every step of a run shares one SparkSession (a JVM per step
+    would cost seconds each), and steps run in dependency order.
+    """
+    project = load_project(project_dir)
+    if resources is None:
+        resources = {"spark": SparkResource(),
+                     "warehouse": WarehouseResource(path=str(project.root / "warehouse"))}
+    return dg.Definitions(assets=project_assets(project), resources=dict(resources),
+                          executor=dg.in_process_executor)
+
+
+def resources_from_env(project_dir: str | Path, environ: Mapping[str, str]) -> dict[str, Any]:
+    """The resources of this environment, picked from ``OCTO_*`` variables."""
+    master = environ.get("OCTO_SPARK_MASTER", "local[2]")
+    # Catch-up runs last seconds to minutes: on a local master the JVM's quick start-up
+    # settings save more CPU than its optimizing compiler would.
+    conf = dict(QUICK_START_CONF) if master.startswith("local") else {}
+    warehouse = environ.get("OCTO_WAREHOUSE") or str(Path(project_dir).resolve() / "warehouse")
+    return {"spark": SparkResource(master=master, conf=conf),
+            "warehouse": WarehouseResource(path=warehouse)}
+
+
+PROJECT_DIR = Path(os.environ.get("OCTO_PROJECT") or REPO_ROOT)
+defs = build_definitions(PROJECT_DIR, resources=resources_from_env(PROJECT_DIR, os.environ))

@@ -1,0 +1,63 @@
+"""Typed, lazy Dagster resources: where Spark runs and where the warehouse lives.
+
+Both are plain configuration until used: ``SparkResource`` starts (or joins) a SparkSession
+on the first ``get_session()`` call, so loading the code location never starts a JVM.
+Environments pick their values once, in ``orchestration/definitions.py``.
+"""
+from __future__ import annotations
+
+from pathlib import Path
+from typing import TYPE_CHECKING, Optional
+
+import dagster as dg
+from pydantic import Field, PrivateAttr
+
+if TYPE_CHECKING:
+    from pyspark.sql import SparkSession
+
+    from octo_platform.runtime.pipeline import Environment
+
+__all__ = ["SparkResource", "WarehouseResource"]
+
+
+class SparkResource(dg.ConfigurableResource):
+    """A SparkSession built on first use through ``octo_platform.runtime.session``.
+
+    If a session already runs in this process (a test's, a notebook's), it is the one used:
+    Spark has one session per JVM, and ``spark_session`` gets or creates it.
+    """
+
+    master: str = Field(default="local[2]", description="Spark master URL")
+    conf: dict[str, str] = Field(
+        default_factory=dict,
+        description="extra Spark conf on top of octo's defaults (e.g. spark.driver.memory)")
+    _session: Optional[SparkSession] = PrivateAttr(default=None)
+
+    def get_session(self) -> SparkSession:
+        if self._session is None:
+            from octo_platform.runtime.session import spark_session
+
+            self._session = spark_session(master=self.master, conf=dict(self.conf))
+        return self._session
+
+
+class WarehouseResource(dg.ConfigurableResource):
+    """Where the changelogs, current state and operator state of a project live."""
+
+    path: Optional[str] = Field(
+        default=None,
+        description="warehouse directory or URI (s3://...); default <project>/warehouse")
+    storage_options: dict[str, str] = Field(
+        default_factory=dict, description="delta-rs storage options (object-store credentials)")
+
+    def location(self, project_root: str | Path) -> str:
+        """The resolved warehouse for a project: absolute path or URI."""
+        from octo_platform.runtime.runner import resolve_warehouse
+
+        return resolve_warehouse(Path(project_root), self.path)
+
+    def environment(self) -> Environment:
+        """The runtime's edges (delta-rs store, connectors) for this warehouse."""
+        from octo_platform.wiring import default_environment
+
+        return default_environment(self.storage_options or None)
