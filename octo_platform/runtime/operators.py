@@ -194,10 +194,7 @@ class _Aggregate:
             delta = ctx.persist(delta)  # read by the multisets too
         grouped = delta.groupBy(*self.keys).agg(*[sql_expr(e) for e in shape.delta_exprs])
         dagg = ctx.persist(grouped.selectExpr("*", f"{bucket} AS {BUCKET}"))
-        # Any superset of the touched buckets is correct (untouched rows are rewritten as
-        # they were), so a large batch skips the job that finds them.
-        touched = set(range(ctx.buckets)) if ctx.all_buckets and self.keys else \
-            {r[0] for r in dagg.select(BUCKET).distinct().collect()}
+        touched = touched_buckets(ctx, dagg, keyed=bool(self.keys))
         ctx.results[node.id] = (None, [])
         if not touched:
             return ctx.spark.createDataFrame([], shape.out_schema).selectExpr(
@@ -317,14 +314,12 @@ def consolidate(df: DataFrame, columns: list[str], weight: str = W) -> DataFrame
 COMPACT_EVERY = 10  # batches between rewrites of a join's state (appends in between)
 
 
-def touched_buckets(ctx: BatchContext, frames: list[DataFrame], keyed: bool) -> set[int]:
-    """Buckets the rows of ``frames`` fall in (every bucket for a large batch)."""
+def touched_buckets(ctx: BatchContext, df: DataFrame, keyed: bool) -> set[int]:
+    """Buckets the rows of ``df`` fall in. Any superset is correct (untouched rows are
+    rewritten as they were), so a large batch takes every bucket and skips the job."""
     if ctx.all_buckets and keyed:
         return set(range(ctx.buckets))
-    found: set[int] = set()
-    for df in frames:
-        found |= {r[0] for r in df.select(BUCKET).distinct().collect()}
-    return found
+    return {r[0] for r in df.select(BUCKET).distinct().collect()}
 
 
 def positional(names: list[str] | tuple[str, ...]) -> list[str]:
@@ -389,8 +384,8 @@ class _Join:
         delta = {s: ctx.persist(self.with_keys(consolidate(
             frames[s], [quote(n) for n in self.names[s]], f"_{s}w"), s, types)
             .selectExpr("*", f"{self.bucket(s)} AS {BUCKET}")) for s in "lr"}
-        touched = touched_buckets(ctx, [delta["l"].select(BUCKET).union(
-            delta["r"].select(BUCKET))], keyed=True)
+        touched = touched_buckets(ctx, delta["l"].select(BUCKET).union(
+            delta["r"].select(BUCKET)), keyed=True)
         if not touched:
             return self.matched(delta["l"].limit(0), delta["r"].limit(0)
                                 ).selectExpr(*self.out_columns(), W)
@@ -537,10 +532,10 @@ class _TopN:
         node, ctx = self.node, self.ctx
         bucket = bucket_sql(node.partition, ctx.buckets)
         d = ctx.persist(consolidate(delta, self.cols).selectExpr("*", f"{bucket} AS {BUCKET}"))
-        touched = touched_buckets(ctx, [d], keyed=bool(node.partition))
+        touched = touched_buckets(ctx, d, keyed=bool(node.partition))
         d = d.drop(BUCKET)
         if not touched:
-            return self.emit(d.limit(0), "")
+            return self.emit(self.rank(d.limit(0)), "")
         stored = ctx.read_state(node.id, _side_schema(delta.schema, self.names), touched)
         old = stored.toDF(*self.names, WEIGHT)
         new = ctx.persist(consolidate(old.unionByName(d), self.cols))
@@ -558,10 +553,8 @@ class _TopN:
         return self.emit(self.rank(new), "").union(self.emit(self.rank(old), "-"))
 
     def emit(self, ranked: DataFrame, sign: str) -> DataFrame:
+        """Ranked rows as output rows with weight +1 (``sign`` "") or -1 (``sign`` "-")."""
         rank = [f"CAST(_rn AS INT) AS {quote(self.node.rank)}"] if self.node.rank else []
-        if "_rn" not in ranked.columns:
-            rank = [f"CAST(NULL AS INT) AS {quote(self.node.rank)}"] if self.node.rank else []
-            return ranked.selectExpr(*self.cols, *rank, f"{W}")
         return ranked.selectExpr(*self.cols, *rank, f"CAST({sign}1 AS BIGINT) AS {W}")
 
 
