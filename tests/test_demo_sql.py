@@ -21,7 +21,7 @@ EXPECTED_TABLES = {
     "category_reserve": "cdc",
     "auction_count": "cdc",
     "local_sellers": "cdc",
-    "category_prices": "cdc",
+    "category_prices": "auctions",
     "hot_auctions": "auctions",
 }
 
