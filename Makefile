@@ -4,7 +4,7 @@ VENV   ?= .venv
 PY     := $(VENV)/bin/python
 STAMP  := $(VENV)/.installed
 
-.PHONY: install demo test bench bench-joins explain clean
+.PHONY: install demo test bench bench-joins explain clean ui ui-data
 
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -20,6 +20,19 @@ demo: $(STAMP)
 test: $(STAMP)
 	PYSPARK_PYTHON=$(abspath $(PY)) $(PY) -m pytest -q tests
 
+# Dagster UI on http://127.0.0.1:3000 with the example project (sql/); the instance (runs,
+# event logs, schedules) lives in .dagster/. `make ui-data` first gives the sources input.
+ui: $(STAMP)
+	mkdir -p .dagster && cp dagster.yaml .dagster/dagster.yaml
+	DAGSTER_HOME=$(abspath .dagster) PYSPARK_PYTHON=$(abspath $(PY)) \
+		$(VENV)/bin/dagster dev -h 127.0.0.1 -p 3000 -w workspace.yaml
+
+# Three rounds of generated auction input under data/ (what `octo demo` feeds its project).
+ui-data: $(STAMP)
+	@test ! -e data || { echo "data/ exists: remove it to generate fresh input"; exit 1; }
+	$(PY) -c "from connectors.generators.nexmark import NexmarkGenerator, demo_round; \
+	g = NexmarkGenerator(); [demo_round('.', round_no=i, generator=g) for i in range(3)]"
+
 bench: $(STAMP)
 	PYSPARK_PYTHON=$(abspath $(PY)) $(PY) benchmarks/keyed_agg.py
 
@@ -27,4 +40,4 @@ bench-joins: $(STAMP)
 	PYSPARK_PYTHON=$(abspath $(PY)) $(PY) benchmarks/nexmark_joins.py
 
 clean:
-	rm -rf $(VENV) warehouse .pytest_cache
+	rm -rf $(VENV) warehouse .pytest_cache .dagster

@@ -1,6 +1,7 @@
-"""Dagster code location for octo projects (assets, resources, schedules, sensors, checks).
+"""Dagster code location for octo projects.
 
-Planned in the orchestration issue; the runtime it will call is
-``octo_platform.runtime.runner.run_tables`` (catch-up runs with ``until_idle=True``,
-continuous runs with a ``deadline``).
+``definitions.build_definitions(project_dir)`` turns a project's ``sql/`` folder into assets
+(``assets.py``: one per streaming table, external ones for sources, lineage and schema from
+the compiled plans) bound to typed, lazy resources (``resources.py``); materializing an asset
+is one catch-up run of ``octo_platform.runtime.runner.run_tables``.
 """
