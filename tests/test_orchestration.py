@@ -37,10 +37,10 @@ def test_example_definitions_load():
     assert materializable == TABLES  # sources are external assets
     groups = {k: graph.get(dg.AssetKey(k)).group_name for k in keys}
     assert groups == {
-        **{t: "auctions" for t in ("auction_stats", "bid_histogram", "hot_auctions")},
+        **{t: "auctions" for t in ("auction_stats", "bid_histogram", "hot_auctions",
+                                   "category_prices")},
         **{t: "bids" for t in ("channel_stats", "whale_bids")},
-        **{t: "cdc" for t in ("auction_count", "category_prices", "category_reserve",
-                              "local_sellers")},
+        **{t: "cdc" for t in ("auction_count", "category_reserve", "local_sellers")},
         **{s: "default" for s in SOURCES},  # sql/sources.sql is not in a sub-folder
     }
 
@@ -50,7 +50,7 @@ def test_example_definitions_load():
     assert parents("bid_histogram") == {"auction_stats"}
     assert parents("hot_auctions") == {"auction_stats"}
     assert parents("whale_bids") == {"bids"}  # through the view big_bids
-    assert parents("category_prices") == {"bids", "auctions_cdc"}
+    assert parents("category_prices") == {"bids", "auctions"}
     assert parents("local_sellers") == {"persons", "auctions_cdc"}
     assert set(defs.resources) == {"spark", "warehouse"}
 
@@ -62,7 +62,7 @@ def test_example_asset_metadata_and_column_lineage():
         "state": {("persons", "state")}, "auction": {("auctions_cdc", "id")},
         "item_name": {("auctions_cdc", "item_name")}}
     prices = lineage_of(defs, "category_prices")
-    assert prices == {"category": {("auctions_cdc", "category")},
+    assert prices == {"category": {("auctions", "category")},
                       "avg_final": {("bids", "price")}, "auctions": set()}
     assert lineage_of(defs, "whale_bids")["at"] == {("bids", "date_time")}  # view inlined
     assert lineage_of(defs, "channel_stats")["big_pct"] == {("bids", "price")}  # CTE inlined
@@ -76,7 +76,7 @@ def test_example_asset_metadata_and_column_lineage():
     assert [(c.name, c.type) for c in schema.columns] == [
         ("category", "BIGINT"), ("avg_final", "DOUBLE"), ("auctions", "BIGINT")]
     assert spec.metadata["primary_key"] == "category"
-    assert spec.metadata["sql_file"] == "sql/cdc/category_prices.sql"
+    assert spec.metadata["sql_file"] == "sql/auctions/category_prices.sql"
     assert spec.description.startswith("Nexmark q4 (average price per category)")
     assert "CREATE STREAMING TABLE category_prices AS\nSELECT category" in spec.description
     # downstream of another streaming table, types come from the upstream plan
