@@ -21,6 +21,7 @@ import dagster as dg
 from octo_platform.project import load_project
 from octo_platform.runtime.session import QUICK_START_CONF
 from orchestration.assets import project_assets
+from orchestration.checks import project_checks
 from orchestration.resources import SparkResource, WarehouseResource
 
 __all__ = ["build_definitions", "resources_from_env", "defs"]
@@ -40,7 +41,8 @@ def build_definitions(project_dir: str | Path, *,
     if resources is None:
         resources = {"spark": SparkResource(),
                      "warehouse": WarehouseResource(path=str(project.root / "warehouse"))}
-    return dg.Definitions(assets=project_assets(project), resources=dict(resources),
+    return dg.Definitions(assets=project_assets(project), asset_checks=project_checks(project),
+                          resources=dict(resources),
                           executor=dg.in_process_executor)
 
 
