@@ -21,6 +21,7 @@ import dagster as dg
 from octo_platform.project import load_project
 from octo_platform.runtime.session import QUICK_START_CONF
 from orchestration.assets import project_assets
+from orchestration.automation import project_automation
 from orchestration.checks import project_checks
 from orchestration.resources import SparkResource, WarehouseResource
 
@@ -43,7 +44,7 @@ def build_definitions(project_dir: str | Path, *,
                      "warehouse": WarehouseResource(path=str(project.root / "warehouse"))}
     return dg.Definitions(assets=project_assets(project), asset_checks=project_checks(project),
                           resources=dict(resources),
-                          executor=dg.in_process_executor)
+                          executor=dg.in_process_executor, **project_automation(project))
 
 
 def resources_from_env(project_dir: str | Path, environ: Mapping[str, str]) -> dict[str, Any]:

@@ -1,0 +1,261 @@
+"""Scheduled restarts, catch-up schedules and a backlog sensor for an octo project.
+
+Per group of streaming tables (a sub-folder of ``sql/``):
+
+- ``continuous_<group>``: a job that runs the group's tables continuously
+  (``run_tables(until_idle=False, deadline=...)``) for ``minutes`` and stops cleanly after
+  the batches in flight; it logs a line per micro-batch and, at the end, a materialization
+  per table that committed batches plus a summary;
+- ``restart_<group>`` (schedule, hourly): starts that job with a deadline just under the
+  interval (55 minutes), so runs do not overlap and a crashed run is replaced within the hour;
+- ``catch_up_<group>`` (a job materializing the group's tables) and its schedule
+  ``catch_up_<group>_schedule`` (every 15 minutes).
+
+For the whole project:
+
+- ``octo_backlog_sensor``: requests a catch-up run of the tables whose inputs have new data
+  (``table_status(...).backlog``) and of the tables downstream of them; its cursor remembers
+  each table's (last batch, backlog), so the same backlog never triggers twice. Each tick
+  also records an ``AssetObservation`` per table whose backlog or last batch changed (and at
+  least every ``OBSERVE_EVERY_S``): input waiting and age of the last commit, the lag view.
+
+Schedules and the sensor are created STOPPED: a group should be driven by one of them
+(continuous restarts, or catch-up schedule / sensor), and the choice is the user's.
+"""
+# No ``from __future__ import annotations``: Dagster reads the op's annotations as objects.
+import json
+import time
+from collections import Counter
+from typing import Any
+
+import dagster as dg
+
+from octo_platform.project import Project
+from orchestration.assets import group_name
+from orchestration.resources import SparkResource, WarehouseResource
+
+__all__ = ["project_automation", "ContinuousConfig", "RESTART_CRON", "CATCH_UP_CRON",
+           "CONTINUOUS_MINUTES", "SENSOR_NAME", "OBSERVE_EVERY_S"]
+
+RESTART_CRON = "0 * * * *"  # restart continuous jobs hourly ...
+CONTINUOUS_MINUTES = 55.0  # ... each running just under the interval, so runs never overlap
+CATCH_UP_CRON = "*/15 * * * *"
+SENSOR_NAME = "octo_backlog_sensor"
+SENSOR_INTERVAL_S = 60
+OBSERVE_EVERY_S = 600  # an unchanged table is observed again after this long
+_ACTIVE = [dg.DagsterRunStatus.QUEUED, dg.DagsterRunStatus.NOT_STARTED,
+           dg.DagsterRunStatus.STARTING, dg.DagsterRunStatus.STARTED]
+
+
+class ContinuousConfig(dg.Config):
+    minutes: float = CONTINUOUS_MINUTES
+    interval: str = "1 second"
+
+
+def project_automation(project: Project, *, restart_cron: str = RESTART_CRON,
+                       catch_up_cron: str = CATCH_UP_CRON,
+                       default_status: dg.DefaultScheduleStatus = dg.DefaultScheduleStatus.STOPPED,
+                       sensor_status: dg.DefaultSensorStatus = dg.DefaultSensorStatus.STOPPED,
+                       ) -> dict[str, list]:
+    """``jobs``, ``schedules`` and ``sensors`` for ``dg.Definitions(**...)``."""
+    groups: dict[str, list[str]] = {}
+    for t in project.order():
+        groups.setdefault(group_name(t.group), []).append(t.name)
+    jobs: list = []
+    schedules: list = []
+    for group, tables in groups.items():
+        continuous = continuous_job(project, group, tables)
+        catch_up = dg.define_asset_job(
+            f"catch_up_{group}", selection=dg.AssetSelection.assets(*tables),
+            description=f"Catch-up run of the streaming tables of group {group!r}.")
+        jobs += [continuous, catch_up]
+        schedules += [_restart_schedule(continuous, group, restart_cron, default_status),
+                      _catch_up_schedule(catch_up, continuous.name, group, catch_up_cron,
+                                         default_status)]
+    if not groups:
+        return {"jobs": jobs, "schedules": schedules, "sensors": []}
+    all_tables = dg.define_asset_job(
+        "catch_up_waiting", selection=dg.AssetSelection.assets(*[t.name for t in project.order()]),
+        description="Catch-up run of the tables with input waiting (started by the sensor).")
+    jobs.append(all_tables)
+    return {"jobs": jobs, "schedules": schedules,
+            "sensors": [backlog_sensor(project, all_tables, sensor_status)]}
+
+
+# -- continuous mode --------------------------------------------------------------------------
+def continuous_job(project: Project, group: str, tables: list[str]) -> dg.JobDefinition:
+    """Run ``tables`` continuously until ``minutes`` have passed, then stop cleanly."""
+
+    @dg.op(name=f"run_continuously_{group}",
+           description=f"Runs {', '.join(tables)} continuously until the configured deadline.")
+    def _op(context: dg.OpExecutionContext, config: ContinuousConfig, spark: SparkResource,
+            warehouse: WarehouseResource) -> dg.Output:
+        return run_continuously(project, tables, config=config, spark=spark.get_session(),
+                                warehouse=warehouse, context=context)
+
+    @dg.job(name=f"continuous_{group}", executor_def=dg.in_process_executor,
+            description=f"Streaming tables of group {group!r} running continuously until a "
+                        f"deadline (default {CONTINUOUS_MINUTES:g} minutes); restarted by "
+                        f"restart_{group}.",
+            tags={"octo/mode": "continuous", "octo/group": group})
+    def _job():
+        _op()
+
+    return _job
+
+
+def run_continuously(project: Project, tables: list[str], *, config: ContinuousConfig, spark,
+                     warehouse: WarehouseResource, context) -> dg.Output:
+    from octo_platform.runtime.runner import run_tables
+    from octo_platform.runtime.status import table_status
+
+    wh, env, log = warehouse.location(project.root), warehouse.environment(), context.log.info
+    started = time.monotonic()
+    log(f"running {', '.join(tables)} continuously for {config.minutes:g} minute(s)")
+    report = run_tables(spark, project, warehouse=wh, names=tables, until_idle=False, env=env,
+                        storage_options=warehouse.storage_options or None, progress=log,
+                        deadline=time.time() + config.minutes * 60, interval=config.interval)
+    seconds = time.monotonic() - started
+    summary: dict[str, Any] = {}
+    for name in tables:
+        batches = report.for_table(name)
+        events: Counter[str] = Counter()
+        for b in batches:
+            events.update(b.events)
+        status = table_status(project, name, warehouse=wh, env=env)
+        meta = {"batches": len(batches), "rows_in": sum(b.rows_in for b in batches),
+                "events_c": events.get("c", 0), "events_u": events.get("u", 0),
+                "events_d": events.get("d", 0),
+                "dead_letters": sum(b.dead_letters for b in batches),
+                "last_batch": status.last_batch, "changelog_version": status.changelog_version,
+                "dagster/row_count": status.current_rows or 0, "backlog": status.waiting,
+                "backlog_by_input": status.backlog, "duration_s": round(seconds, 3),
+                "mode": "continuous"}
+        summary[name] = {k: v for k, v in meta.items() if k != "backlog_by_input"}
+        log(f"[{name}] stopped at the deadline: {meta['batches']} batch(es), "
+            f"{meta['rows_in']} rows in, last batch {status.last_batch}, "
+            f"{status.waiting} input(s) waiting")
+        if batches:
+            context.log_event(dg.AssetMaterialization(
+                asset_key=dg.AssetKey(name), metadata=meta,
+                description="continuous run (stopped at its deadline)"))
+    return dg.Output(None, metadata={
+        "batches": len(report.batches), "rows_in": sum(b.rows_in for b in report.batches),
+        "duration_s": round(seconds, 3), "tables": summary})
+
+
+def _running(instance: dg.DagsterInstance, job_name: str) -> bool:
+    runs = instance.get_runs(filters=dg.RunsFilter(job_name=job_name, statuses=_ACTIVE), limit=1)
+    return bool(runs)
+
+
+def _restart_schedule(job: dg.JobDefinition, group: str, cron: str,
+                      status: dg.DefaultScheduleStatus) -> dg.ScheduleDefinition:
+    @dg.schedule(name=f"restart_{group}", cron_schedule=cron, job=job, default_status=status,
+                 description=f"Restarts {job.name}: each run stops after "
+                             f"{CONTINUOUS_MINUTES:g} minutes, before the next tick.")
+    def _schedule(context: dg.ScheduleEvaluationContext):
+        if _running(context.instance, job.name):
+            return dg.SkipReason(f"{job.name} is still running")
+        return dg.RunRequest(
+            run_key=None,
+            run_config={"ops": {f"run_continuously_{group}": {
+                "config": {"minutes": CONTINUOUS_MINUTES}}}},
+            tags={"octo/trigger": "restart"})
+
+    return _schedule
+
+
+def _catch_up_schedule(job, continuous_job_name: str, group: str, cron: str,
+                       status: dg.DefaultScheduleStatus) -> dg.ScheduleDefinition:
+    @dg.schedule(name=f"catch_up_{group}_schedule", cron_schedule=cron, job=job,
+                 default_status=status,
+                 description=f"Catch-up run of group {group!r} (skipped while "
+                             f"{continuous_job_name} runs: it holds the tables).")
+    def _schedule(context: dg.ScheduleEvaluationContext):
+        if _running(context.instance, continuous_job_name):
+            return dg.SkipReason(f"{continuous_job_name} is running the group's tables")
+        return dg.RunRequest(tags={"octo/trigger": "schedule"})
+
+    return _schedule
+
+
+# -- the backlog sensor and the lag view -------------------------------------------------------
+def backlog_sensor(project: Project, job, status: dg.DefaultSensorStatus
+                   ) -> dg.SensorDefinition:
+    """A catch-up run for tables whose inputs have new data, plus lag observations."""
+    downstream: dict[str, set[str]] = {t.name: set() for t in project.order()}
+    for t in project.order():
+        for dep in t.definition.deps:
+            if dep.lower() in project.tables:
+                downstream[project.table(dep).name].add(t.name)
+
+    @dg.sensor(name=SENSOR_NAME, job=job, minimum_interval_seconds=SENSOR_INTERVAL_S,
+               default_status=status,
+               description="Starts a catch-up run of the streaming tables whose inputs have "
+                           "new data (and of the tables downstream of them); records the "
+                           "input waiting per table as asset observations.")
+    def _sensor(context: dg.SensorEvaluationContext, warehouse: WarehouseResource):
+        return evaluate_backlog(project, downstream, context, warehouse)
+
+    return _sensor
+
+
+def evaluate_backlog(project: Project, downstream: dict[str, set[str]],
+                     context: dg.SensorEvaluationContext,
+                     warehouse: WarehouseResource) -> dg.SensorResult:
+    from octo_platform.runtime.status import table_status
+
+    wh, env = warehouse.location(project.root), warehouse.environment()
+    cursor = json.loads(context.cursor) if context.cursor else {}
+    seen: dict[str, str] = cursor.get("seen", {})
+    observed: dict[str, float] = cursor.get("observed", {})
+    now = time.time()
+    new, events, waiting = [], [], {}
+    for t in project.order():
+        status = table_status(project, t.name, warehouse=wh, env=env)
+        signature = json.dumps([status.last_batch, sorted(status.backlog.items())])
+        changed = seen.get(t.name) != signature
+        if status.waiting:
+            waiting[t.name] = status.waiting
+            if changed:
+                new.append(t.name)
+        seen[t.name] = signature
+        if changed or now - observed.get(t.name, 0) >= OBSERVE_EVERY_S:
+            observed[t.name] = now
+            events.append(observation(t.name, status, now))
+    cursor_out = json.dumps({"seen": seen, "observed": observed}, sort_keys=True)
+    if not new:
+        reason = (f"input waiting for {', '.join(sorted(waiting))}, already requested"
+                  if waiting else "no input waiting")
+        return dg.SensorResult(skip_reason=reason, cursor=cursor_out, asset_events=events)
+    selected: set[str] = set()
+    todo = list(new)
+    while todo:
+        name = todo.pop()
+        if name not in selected:
+            selected.add(name)
+            todo += downstream.get(name, ())
+    order = [t.name for t in project.order() if t.name in selected]
+    key = ";".join(f"{n}={seen[n]}" for n in new)
+    return dg.SensorResult(
+        run_requests=[dg.RunRequest(run_key=key, asset_selection=[dg.AssetKey(n) for n in order],
+                                    tags={"octo/trigger": "backlog",
+                                          "octo/waiting": ",".join(new)})],
+        cursor=cursor_out, asset_events=events)
+
+
+def observation(name: str, status, now: float) -> dg.AssetObservation:
+    """The lag of one table: input waiting, batches, age of the last commit."""
+    age = None if status.last_commit_ms is None else round(now - status.last_commit_ms / 1000, 1)
+    meta: dict[str, Any] = {
+        "backlog": status.waiting,
+        "backlog_by_input": status.backlog,
+        "last_batch": status.last_batch,
+        "last_commit_age_s": age if age is not None else dg.MetadataValue.null(),
+        "pending_batch": status.pending_batch if status.pending_batch is not None
+        else dg.MetadataValue.null(),
+    }
+    if status.last_commit_ms is not None:
+        meta["last_commit"] = dg.MetadataValue.timestamp(status.last_commit_ms / 1000)
+    return dg.AssetObservation(asset_key=dg.AssetKey(name), metadata=meta)

@@ -1,0 +1,244 @@
+"""Scheduled restarts and monitoring: the schedules and the backlog sensor evaluated tick by
+tick (``evaluate_tick``) over a tiny project, a continuous run that stops at its deadline, and
+a Dagster materialization SIGKILLed mid-run whose retry resumes exactly once."""
+from __future__ import annotations
+
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+
+import dagster as dg
+import pytest
+
+from octo_platform.project import load_project
+from octo_platform.runtime.runner import run_tables
+from octo_platform.runtime.status import table_status
+from orchestration.automation import CATCH_UP_CRON, CONTINUOUS_MINUTES, RESTART_CRON
+from orchestration.definitions import REPO_ROOT, build_definitions
+from orchestration.resources import SparkResource, WarehouseResource
+from tests.oracle import RandomInput, batch_result, current, replay, write_lines
+from tests.test_crash import dead_letters, events
+
+SQL = """\
+CREATE SOURCE events (id BIGINT, k BIGINT, g STRING, v BIGINT, d DOUBLE)
+WITH (connector = 'files', path = 'data/events', format = 'json', max_files_per_batch = '1');
+"""
+PER_KEY = "CREATE STREAMING TABLE per_key AS\n" \
+          "SELECT k, COUNT(*) AS n, SUM(v) AS total FROM events GROUP BY k;\n"
+BY_COUNT = "CREATE STREAMING TABLE by_count AS\n" \
+           "SELECT n, COUNT(*) AS keys, MAX(total) AS top FROM per_key GROUP BY n;\n"
+TABLES = ("per_key", "by_count")
+
+
+@pytest.fixture
+def project(tmp_path: Path) -> Path:
+    sql = tmp_path / "sql"
+    (sql / "stats").mkdir(parents=True)
+    (sql / "sources.sql").write_text(SQL)
+    (sql / "stats" / "tables.sql").write_text(PER_KEY + BY_COUNT)
+    return tmp_path
+
+
+def resources(root: Path) -> dict:
+    return {"spark": SparkResource(), "warehouse": WarehouseResource(path=str(root / "wh"))}
+
+
+def check_oracle(spark, root: Path, data: RandomInput) -> None:
+    for table in TABLES:
+        want = batch_result(spark, SQL + PER_KEY + BY_COUNT, {"events": data.relation()}, table)
+        assert replay(root / "wh", table) == want, table
+        assert current(root / "wh", table) == want, table
+
+
+# -- schedules -----------------------------------------------------------------------------------
+def test_schedules_restart_continuous_jobs_and_catch_up(project: Path):
+    defs = build_definitions(project, resources=resources(project))
+    repo = defs.get_repository_def()
+    assert {j.name for j in repo.get_all_jobs()} >= {
+        "continuous_stats", "catch_up_stats", "catch_up_waiting"}
+    restart = repo.get_schedule_def("restart_stats")
+    catch_up = repo.get_schedule_def("catch_up_stats_schedule")
+    assert restart.cron_schedule == RESTART_CRON and catch_up.cron_schedule == CATCH_UP_CRON
+    assert restart.default_status == catch_up.default_status == dg.DefaultScheduleStatus.STOPPED
+    assert repo.get_sensor_def("octo_backlog_sensor").default_status == \
+        dg.DefaultSensorStatus.STOPPED
+    assert set(repo.get_job("catch_up_stats").asset_layer.selected_asset_keys) == {
+        dg.AssetKey("per_key"), dg.AssetKey("by_count")}
+
+    with dg.instance_for_test() as instance:  # schedules read runs through the instance's ref
+        data = restart.evaluate_tick(dg.build_schedule_context(instance=instance))
+        (req,) = data.run_requests
+        minutes = req.run_config["ops"]["run_continuously_stats"]["config"]["minutes"]
+        assert minutes == CONTINUOUS_MINUTES < 60  # stops before the next hourly restart
+        (req,) = catch_up.evaluate_tick(dg.build_schedule_context(instance=instance)).run_requests
+        assert req.tags["octo/trigger"] == "schedule"
+
+        # while the group's continuous run is in progress, neither schedule starts another run
+        instance.add_run(dg.DagsterRun(job_name="continuous_stats",
+                                       status=dg.DagsterRunStatus.STARTED))
+        for schedule in (restart, catch_up):
+            data = schedule.evaluate_tick(dg.build_schedule_context(instance=instance))
+            assert not data.run_requests and "continuous_stats" in data.skip_message
+
+
+# -- the backlog sensor ----------------------------------------------------------------------
+def test_sensor_requests_catch_up_only_for_new_input(spark, project: Path):
+    res = resources(project)
+    defs = build_definitions(project, resources=res)
+    sensor = defs.get_repository_def().get_sensor_def("octo_backlog_sensor")
+    instance = dg.DagsterInstance.ephemeral()
+    data = RandomInput(seed=11, debezium=False)
+    cursor = None
+
+    def tick():
+        nonlocal cursor
+        ctx = dg.build_sensor_context(instance=instance, cursor=cursor,
+                                      resources={"warehouse": res["warehouse"]}, definitions=defs)
+        out = sensor.evaluate_tick(ctx)
+        cursor = out.cursor
+        obs = {e.asset_key.to_user_string(): {k: v.value for k, v in e.metadata.items()}
+               for e in out.asset_events}
+        return out, obs
+
+    (project / "data" / "events").mkdir(parents=True)
+    out, obs = tick()
+    assert not out.run_requests and out.skip_message == "no input waiting"
+    assert obs["per_key"]["backlog"] == 0 and obs["per_key"]["last_batch"] == -1
+
+    write_lines(project / "data" / "events", "f1.json", data.lines(20))
+    out, obs = tick()
+    (req,) = out.run_requests  # the table with new input, and the table downstream of it
+    assert req.asset_selection == [dg.AssetKey("per_key"), dg.AssetKey("by_count")]
+    assert obs["per_key"]["backlog"] == 1
+    assert obs["per_key"]["backlog_by_input"] == {"source:events": 1}
+    first_key = req.run_key
+
+    out, obs = tick()  # the same backlog does not trigger twice
+    assert not out.run_requests and "already requested" in out.skip_message
+    assert obs == {}  # nothing changed: no new observation
+
+    run_tables(spark, project, warehouse=str(project / "wh"), progress=None,  # the catch-up
+               names=[k.to_user_string() for k in req.asset_selection])
+    out, obs = tick()
+    assert not out.run_requests and out.skip_message == "no input waiting"
+    assert obs["per_key"]["backlog"] == 0 and obs["per_key"]["last_batch"] == 0
+    assert 0 <= obs["per_key"]["last_commit_age_s"] < 120
+
+    write_lines(project / "data" / "events", "f2.json", data.lines(10))
+    out, _ = tick()
+    (req,) = out.run_requests
+    assert req.run_key != first_key
+    assert [k.to_user_string() for k in req.asset_selection] == ["per_key", "by_count"]
+
+
+# -- continuous mode ---------------------------------------------------------------------------
+def test_continuous_run_stops_cleanly_at_its_deadline(spark, project: Path):
+    res = resources(project)
+    defs = build_definitions(project, resources=res)
+    job = defs.get_job_def("continuous_stats")
+    data = RandomInput(seed=5, debezium=False)
+    write_lines(project / "data" / "events", "f1.json", data.lines(20))
+    # more input arrives while the run is going: it is picked up by the running queries
+    late = threading.Timer(3.0, lambda: write_lines(project / "data" / "events", "f2.json",
+                                                    data.lines(15, bad=1)))
+    late.start()
+    instance = dg.DagsterInstance.ephemeral()
+    started = time.monotonic()
+    result = job.execute_in_process(
+        run_config={"ops": {"run_continuously_stats": {"config": {"minutes": 0.2}}}},
+        resources=res, instance=instance)
+    late.join()
+    assert result.success
+    assert 11 <= time.monotonic() - started < 90
+    logs = [e.user_message for e in instance.all_logs(result.run_id)]
+    assert any(line.startswith("[per_key] batch 0: 20 rows in") for line in logs)
+    assert any("deadline reached" in line for line in logs)
+    mats = {m.asset_key.to_user_string(): {k: v.value for k, v in m.metadata.items()}
+            for m in result.asset_materializations_for_node("run_continuously_stats")}
+    pk = mats["per_key"]
+    assert pk["last_batch"] == pk["batches"] - 1 >= 0
+    assert pk["rows_in"] == 20 + 15 * (pk["batches"] - 1)  # f2 too if it came in time
+    summary = result.output_for_node("run_continuously_stats")
+    assert summary is None
+
+    prj = load_project(project)
+    wh = project / "wh"
+    for table in TABLES:  # stopped between batches: nothing half-done
+        assert table_status(prj, table, warehouse=str(wh)).pending_batch is None
+        assert replay(wh, table) == current(wh, table)
+    # the next run (locks released) resumes where the continuous run stopped, exactly once
+    run_tables(spark, prj, warehouse=str(wh), until_idle=True, progress=None)
+    check_oracle(spark, project, data)
+    for table in TABLES:
+        assert table_status(prj, table, warehouse=str(wh)).backlog == {
+            "per_key": {"source:events": 0}, "by_count": {"table:per_key": 0}}[table]
+
+
+# -- a Dagster run SIGKILLed mid-run, then retried -------------------------------------------
+# What a run of the code location does (definitions.py with OCTO_PROJECT, the instance in
+# DAGSTER_HOME), without the asset checks: materialize per_key, a catch-up run.
+MATERIALIZE = """
+import sys
+import dagster as dg
+from orchestration.definitions import defs
+with dg.DagsterInstance.get() as instance:
+    result = dg.materialize(list(defs.assets), selection=["per_key"],
+                            resources=defs.resources, instance=instance)
+sys.exit(0 if result.success else 1)
+"""
+
+
+def test_retried_run_after_sigkill_resumes_exactly_once(spark, tmp_path: Path, monkeypatch):
+    crashed, reference = tmp_path / "crashed", tmp_path / "reference"
+    (crashed / "sql").mkdir(parents=True)
+    (crashed / "sql" / "t.sql").write_text(SQL + PER_KEY)
+    data = RandomInput(seed=21, debezium=False)
+    for i in range(3):
+        write_lines(crashed / "data" / "events", f"f{i}.json", data.lines(15, bad=i == 2))
+    shutil.copytree(crashed, reference)
+    run_tables(spark, reference, until_idle=True, progress=None)
+
+    home = tmp_path / "dagster_home"
+    home.mkdir()
+    shutil.copy(REPO_ROOT / "dagster.yaml", home / "dagster.yaml")
+    env = {**os.environ, "PYSPARK_PYTHON": sys.executable, "DAGSTER_HOME": str(home),
+           "OCTO_PROJECT": str(crashed), "OCTO_WAREHOUSE": str(crashed / "warehouse")}
+    cmd = [sys.executable, "-c", MATERIALIZE]
+    proc = subprocess.Popen(cmd, env=env, cwd=REPO_ROOT, start_new_session=True,
+                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    seen = []
+    try:
+        for line in proc.stdout:
+            seen.append(line)
+            if "[per_key] batch 0:" in line:  # mid-run: batch 1 starts at once, 2 follows
+                break
+        os.killpg(proc.pid, signal.SIGKILL)  # the JVM and Python workers too
+    finally:
+        proc.wait()
+    assert proc.returncode == -signal.SIGKILL, "".join(seen)
+    prj = load_project(crashed)
+    assert table_status(prj, "per_key").last_batch < 2  # the run really was cut short
+
+    # the retry: the same materialization again, in a new process
+    retry = subprocess.run(cmd, env=env, cwd=REPO_ROOT, capture_output=True, text=True,
+                           timeout=300)
+    assert retry.returncode == 0, retry.stdout + retry.stderr
+    out = retry.stdout + retry.stderr
+    assert "[per_key] batch 0:" not in out  # a committed batch is not redone
+    monkeypatch.setenv("DAGSTER_HOME", str(home))
+    with dg.DagsterInstance.get() as instance:  # the killed run never ended
+        runs = instance.get_runs()
+        assert [r.status for r in runs] == [dg.DagsterRunStatus.SUCCESS,
+                                            dg.DagsterRunStatus.STARTED]
+    table = "per_key"
+    assert events(crashed / "warehouse", table) == events(reference / "warehouse", table)
+    assert current(crashed / "warehouse", table) == current(reference / "warehouse", table)
+    assert dead_letters(crashed / "warehouse", table) == \
+        dead_letters(reference / "warehouse", table)
+    want = batch_result(spark, SQL + PER_KEY, {"events": data.relation()}, table)
+    assert replay(crashed / "warehouse", table) == want
