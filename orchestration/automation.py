@@ -190,20 +190,28 @@ def backlog_sensor(project: Project, job, status: dg.DefaultSensorStatus
             if dep.lower() in project.tables:
                 downstream[project.table(dep).name].add(t.name)
 
+    group_of = {t.name: group_name(t.group) for t in project.order()}
+
     @dg.sensor(name=SENSOR_NAME, job=job, minimum_interval_seconds=SENSOR_INTERVAL_S,
                default_status=status,
                description="Starts a catch-up run of the streaming tables whose inputs have "
                            "new data (and of the tables downstream of them); records the "
                            "input waiting per table as asset observations.")
     def _sensor(context: dg.SensorEvaluationContext, warehouse: WarehouseResource):
-        return evaluate_backlog(project, downstream, context, warehouse)
+        busy = {g for g in set(group_of.values())
+                if _running(context.instance, f"continuous_{g}")}
+        return evaluate_backlog(project, downstream, context, warehouse,
+                                busy={t for t, g in group_of.items() if g in busy})
 
     return _sensor
 
 
 def evaluate_backlog(project: Project, downstream: dict[str, set[str]],
                      context: dg.SensorEvaluationContext,
-                     warehouse: WarehouseResource) -> dg.SensorResult:
+                     warehouse: WarehouseResource, busy: set[str] = frozenset()
+                     ) -> dg.SensorResult:
+    """``busy``: tables a continuous run is running (they pick up their input themselves;
+    the sensor looks at them again once that run has stopped)."""
     from octo_platform.runtime.status import table_status
 
     wh, env = warehouse.location(project.root), warehouse.environment()
@@ -216,11 +224,14 @@ def evaluate_backlog(project: Project, downstream: dict[str, set[str]],
         status = table_status(project, t.name, warehouse=wh, env=env)
         signature = json.dumps([status.last_batch, sorted(status.backlog.items())])
         changed = seen.get(t.name) != signature
-        if status.waiting:
+        if t.name in busy:
+            seen.pop(t.name, None)
+        elif status.waiting:
             waiting[t.name] = status.waiting
             if changed:
                 new.append(t.name)
-        seen[t.name] = signature
+        if t.name not in busy:
+            seen[t.name] = signature
         if changed or now - observed.get(t.name, 0) >= OBSERVE_EVERY_S:
             observed[t.name] = now
             events.append(observation(t.name, status, now))
@@ -228,12 +239,14 @@ def evaluate_backlog(project: Project, downstream: dict[str, set[str]],
     if not new:
         reason = (f"input waiting for {', '.join(sorted(waiting))}, already requested"
                   if waiting else "no input waiting")
+        if busy:
+            reason += f"; running continuously: {', '.join(sorted(busy))}"
         return dg.SensorResult(skip_reason=reason, cursor=cursor_out, asset_events=events)
     selected: set[str] = set()
     todo = list(new)
     while todo:
         name = todo.pop()
-        if name not in selected:
+        if name not in selected and name not in busy:
             selected.add(name)
             todo += downstream.get(name, ())
     order = [t.name for t in project.order() if t.name in selected]

@@ -55,6 +55,12 @@ def check_oracle(spark, root: Path, data: RandomInput) -> None:
         assert current(root / "wh", table) == want, table
 
 
+@pytest.fixture
+def instance():
+    with dg.instance_for_test() as inst:  # schedules and the sensor read runs through its ref
+        yield inst
+
+
 # -- schedules -----------------------------------------------------------------------------------
 def test_schedules_restart_continuous_jobs_and_catch_up(project: Path):
     defs = build_definitions(project, resources=resources(project))
@@ -87,11 +93,10 @@ def test_schedules_restart_continuous_jobs_and_catch_up(project: Path):
 
 
 # -- the backlog sensor ----------------------------------------------------------------------
-def test_sensor_requests_catch_up_only_for_new_input(spark, project: Path):
+def test_sensor_requests_catch_up_only_for_new_input(spark, project: Path, instance):
     res = resources(project)
     defs = build_definitions(project, resources=res)
     sensor = defs.get_repository_def().get_sensor_def("octo_backlog_sensor")
-    instance = dg.DagsterInstance.ephemeral()
     data = RandomInput(seed=11, debezium=False)
     cursor = None
 
@@ -129,8 +134,16 @@ def test_sensor_requests_catch_up_only_for_new_input(spark, project: Path):
     assert obs["per_key"]["backlog"] == 0 and obs["per_key"]["last_batch"] == 0
     assert 0 <= obs["per_key"]["last_commit_age_s"] < 120
 
+    # while the group runs continuously, its tables are left to that run
+    running = dg.DagsterRun(job_name="continuous_stats", status=dg.DagsterRunStatus.STARTED)
+    instance.add_run(running)
     write_lines(project / "data" / "events", "f2.json", data.lines(10))
     out, _ = tick()
+    assert not out.run_requests and "running continuously: by_count, per_key" in out.skip_message
+    instance.report_run_failed(running)  # the continuous run ends
+    assert not instance.get_runs(filters=dg.RunsFilter(statuses=[dg.DagsterRunStatus.STARTED]))
+
+    out, _ = tick()  # it left f2 waiting (here: it never ran): now the sensor takes it
     (req,) = out.run_requests
     assert req.run_key != first_key
     assert [k.to_user_string() for k in req.asset_selection] == ["per_key", "by_count"]
