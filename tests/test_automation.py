@@ -194,13 +194,21 @@ def test_continuous_run_stops_cleanly_at_its_deadline(spark, project: Path):
 
 # -- a Dagster run SIGKILLed mid-run, then retried -------------------------------------------
 # What a run of the code location does (definitions.py with OCTO_PROJECT, the instance in
-# DAGSTER_HOME), without the asset checks: materialize per_key, a catch-up run.
+# DAGSTER_HOME), without the asset checks: materialize per_key, a catch-up run. With
+# ``retry``, it first does what run monitoring and the retry daemon do for a run whose process
+# died: mark it failed, then start a new run tagged as its retry.
 MATERIALIZE = """
 import sys
 import dagster as dg
 from orchestration.definitions import defs
 with dg.DagsterInstance.get() as instance:
-    result = dg.materialize(list(defs.assets), selection=["per_key"],
+    tags = {}
+    if sys.argv[1:] == ["retry"]:
+        (dead,) = instance.get_runs(filters=dg.RunsFilter(statuses=[dg.DagsterRunStatus.STARTED]))
+        instance.report_run_failed(dead)
+        tags = {"dagster/parent_run_id": dead.run_id, "dagster/root_run_id": dead.run_id,
+                "dagster/retry_number": "1"}
+    result = dg.materialize(list(defs.assets), selection=["per_key"], tags=tags,
                             resources=defs.resources, instance=instance)
 sys.exit(0 if result.success else 1)
 """
@@ -238,16 +246,17 @@ def test_retried_run_after_sigkill_resumes_exactly_once(spark, tmp_path: Path, m
     assert table_status(prj, "per_key").last_batch < 2  # the run really was cut short
 
     # the retry: the same materialization again, in a new process
-    retry = subprocess.run(cmd, env=env, cwd=REPO_ROOT, capture_output=True, text=True,
+    retry = subprocess.run(cmd + ["retry"], env=env, cwd=REPO_ROOT, capture_output=True, text=True,
                            timeout=300)
     assert retry.returncode == 0, retry.stdout + retry.stderr
     out = retry.stdout + retry.stderr
     assert "[per_key] batch 0:" not in out  # a committed batch is not redone
     monkeypatch.setenv("DAGSTER_HOME", str(home))
-    with dg.DagsterInstance.get() as instance:  # the killed run never ended
-        runs = instance.get_runs()
-        assert [r.status for r in runs] == [dg.DagsterRunStatus.SUCCESS,
-                                            dg.DagsterRunStatus.STARTED]
+    with dg.DagsterInstance.get() as instance:
+        retried, killed = instance.get_runs()
+        assert killed.status == dg.DagsterRunStatus.FAILURE
+        assert retried.status == dg.DagsterRunStatus.SUCCESS
+        assert retried.tags["dagster/parent_run_id"] == killed.run_id
     table = "per_key"
     assert events(crashed / "warehouse", table) == events(reference / "warehouse", table)
     assert current(crashed / "warehouse", table) == current(reference / "warehouse", table)
