@@ -216,26 +216,28 @@ def evaluate_backlog(project: Project, downstream: dict[str, set[str]],
 
     wh, env = warehouse.location(project.root), warehouse.environment()
     cursor = json.loads(context.cursor) if context.cursor else {}
-    seen: dict[str, str] = cursor.get("seen", {})
+    seen: dict[str, str] = cursor.get("seen", {})  # signatures last observed
+    requested: dict[str, str] = cursor.get("requested", {})  # signatures a run was asked for
     observed: dict[str, float] = cursor.get("observed", {})
     now = time.time()
     new, events, waiting = [], [], {}
     for t in project.order():
         status = table_status(project, t.name, warehouse=wh, env=env)
         signature = json.dumps([status.last_batch, sorted(status.backlog.items())])
-        changed = seen.get(t.name) != signature
         if t.name in busy:
-            seen.pop(t.name, None)
-        elif status.waiting:
-            waiting[t.name] = status.waiting
-            if changed:
-                new.append(t.name)
-        if t.name not in busy:
-            seen[t.name] = signature
+            requested.pop(t.name, None)  # looked at again once the continuous run stops
+        else:
+            if status.waiting:
+                waiting[t.name] = status.waiting
+                if requested.get(t.name) != signature:
+                    new.append(t.name)
+            requested[t.name] = signature
+        changed, seen[t.name] = seen.get(t.name) != signature, signature
         if changed or now - observed.get(t.name, 0) >= OBSERVE_EVERY_S:
             observed[t.name] = now
             events.append(observation(t.name, status, now))
-    cursor_out = json.dumps({"seen": seen, "observed": observed}, sort_keys=True)
+    cursor_out = json.dumps({"seen": seen, "requested": requested, "observed": observed},
+                            sort_keys=True)
     if not new:
         reason = (f"input waiting for {', '.join(sorted(waiting))}, already requested"
                   if waiting else "no input waiting")

@@ -138,8 +138,11 @@ def test_sensor_requests_catch_up_only_for_new_input(spark, project: Path, insta
     running = dg.DagsterRun(job_name="continuous_stats", status=dg.DagsterRunStatus.STARTED)
     instance.add_run(running)
     write_lines(project / "data" / "events", "f2.json", data.lines(10))
-    out, _ = tick()
+    out, obs = tick()
     assert not out.run_requests and "running continuously: by_count, per_key" in out.skip_message
+    assert obs["per_key"]["backlog"] == 1  # the lag view still reports
+    out, obs = tick()
+    assert not out.run_requests and obs == {}
     instance.report_run_failed(running)  # the continuous run ends
     assert not instance.get_runs(filters=dg.RunsFilter(statuses=[dg.DagsterRunStatus.STARTED]))
 
