@@ -18,7 +18,8 @@ from deltalake import DeltaTable
 
 from octo_platform.frontend.parser import SourceStmt, TableStmt, ViewStmt, parse_sql
 
-__all__ = ["norm", "replay", "batch_result", "check_changelog", "RandomInput", "write_lines"]
+__all__ = ["norm", "replay", "batch_result", "check_changelog", "check_tables", "RandomInput",
+           "write_lines"]
 
 
 def norm(value: Any) -> Any:
@@ -100,6 +101,20 @@ def batch_result(spark, sql_text: str, inputs: dict[str, list[dict[str, Any]]],
         elif isinstance(stmt, (ViewStmt, TableStmt)):
             spark.sql(stmt.sql).createOrReplaceTempView(stmt.name)
     return Counter(norm(tuple(r)) for r in spark.table(table).collect())
+
+
+def check_tables(spark, warehouse: str | Path, sql_text: str,
+                 inputs: dict[str, list[dict[str, Any]]], keyed: dict[str, bool],
+                 round_no: int) -> None:
+    """Every table's replayed changelog equals its SELECT run as a batch query over
+    ``inputs``, its current-state table equals the replay, and its changelog keeps the
+    contract (``keyed``: table name -> has a primary key)."""
+    for name, pk in keyed.items():
+        expected = batch_result(spark, sql_text, inputs, name)
+        got = replay(warehouse, name)
+        assert got == expected, f"round {round_no}, {name}: replay != batch SQL"
+        assert current(warehouse, name) == got, f"{name}: current != replay"
+        check_changelog(warehouse, name, pk=pk)
 
 
 def write_lines(directory: Path, name: str, lines: list[str]) -> Path:
