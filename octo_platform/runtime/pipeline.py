@@ -45,7 +45,7 @@ MAINTENANCE_EVERY = 25  # batches between vacuuming state and compacting the bat
 
 @dataclass(frozen=True)
 class Layout:
-    """Where each table lives under the warehouse (documented in docs/warehouse.md)."""
+    """Where each table lives under the warehouse (documented in README.md, "The warehouse")."""
 
     warehouse: str
 
