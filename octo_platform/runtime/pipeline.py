@@ -27,6 +27,7 @@ from octo_platform.runtime.operators import (
     StagedWrite,
     apply_steps,
     bucket_sql,
+    consolidate,
     evaluate,
     sql_expr,
 )
@@ -285,9 +286,7 @@ class Pipeline:
                                            batch=ctx.batch, ts_ms=ts_ms).toArrow()
             current = self.current_from_aggregate(ctx, delta, pinned)
         else:
-            cols = [quote(c) for c in columns]
-            w = quote(WEIGHT)
-            cons = ctx.persist(delta.groupBy(*cols).agg(_sum_weight()).filter(f"{w} != 0"))
+            cons = ctx.persist(consolidate(delta, [quote(c) for c in columns]))
             encoded = self.env.encode_changelog(cons, columns, plan.pk, table=self.name,
                                                 batch=ctx.batch, ts_ms=ts_ms)
             # The current-state table is bucketed by primary key (or the whole row); each
