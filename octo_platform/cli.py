@@ -1,13 +1,11 @@
-"""``octo``: run, explain, reset and demo streaming tables.
+"""``octo``: run, explain, backfill, refresh, reset and demo streaming tables.
 
 Exit codes: 0 success, 1 a run failed, 2 a bad project (SQL, unknown table) or usage.
 """
 from __future__ import annotations
 
 import argparse
-import shutil
 import sys
-from pathlib import Path
 
 from octo_platform.errors import OctoError, RunError
 
@@ -42,6 +40,24 @@ def _parser() -> argparse.ArgumentParser:
     explain.add_argument("name", metavar="NAME")
     project_opts(explain)
 
+    backfill = sub.add_parser(
+        "backfill", help="recompute a table from the input it has read and publish the "
+        "difference as change events (downstream tables see corrections)")
+    backfill.add_argument("name", metavar="NAME")
+    backfill.add_argument("--from", dest="first", default=None, metavar="KEY",
+                          help="first partition to recompute (a partitioned table; e.g. "
+                          "2026-11-20); without it the whole table is recomputed")
+    backfill.add_argument("--to", dest="last", default=None, metavar="KEY",
+                          help="last partition to recompute, included (default: --from)")
+    backfill.add_argument("--master", default=None, help="Spark master (default: local[2])")
+    project_opts(backfill)
+
+    refresh = sub.add_parser("refresh", help="full refresh: reset tables and everything "
+                             "downstream of them, then rebuild them from all input")
+    refresh.add_argument("names", nargs="+", metavar="NAME")
+    refresh.add_argument("--master", default=None, help="Spark master (default: local[2])")
+    project_opts(refresh)
+
     reset = sub.add_parser("reset", help="delete a table's changelog, current state and "
                            "operator state so the next run rebuilds it from all input")
     reset.add_argument("names", nargs="+", metavar="NAME")
@@ -66,6 +82,10 @@ def main(argv: list[str] | None = None) -> int:
             return 0
         if args.command == "reset":
             return _reset(args)
+        if args.command == "backfill":
+            return _backfill(args)
+        if args.command == "refresh":
+            return _refresh(args)
         if args.command == "demo":
             from octo_platform.demo import run_demo
 
@@ -104,17 +124,52 @@ def _run(args: argparse.Namespace) -> int:
 
 def _reset(args: argparse.Namespace) -> int:
     from octo_platform.project import load_project
-    from octo_platform.runtime.pipeline import Layout
-    from octo_platform.runtime.runner import resolve_warehouse
+    from octo_platform.runtime.recompute import reset_tables
+
+    reset_tables(load_project(args.project), args.names, warehouse=args.warehouse)
+    return 0
+
+
+def _backfill(args: argparse.Namespace) -> int:
+    from octo_platform.project import load_project
 
     project = load_project(args.project)
-    layout = Layout(resolve_warehouse(project.root, args.warehouse))
+    table = project.table(args.name)
+    window = None
+    if args.first is not None or args.last is not None:
+        part = table.definition.partitioning
+        if part is None:
+            print(f"octo: error: streaming table {table.name!r} declares no partitions; "
+                  "leave out --from/--to to recompute all of it", file=sys.stderr)
+            return 2
+        try:
+            window = part.window(args.first or args.last, args.last or args.first)
+        except ValueError as e:
+            print(f"octo: error: {e}", file=sys.stderr)
+            return 2
+    from octo_platform.runtime.recompute import backfill
+    from octo_platform.runtime.session import spark_session
+
+    report = backfill(spark_session(master=args.master), project, table.name, window=window,
+                      warehouse=args.warehouse)
+    if report.batch is not None:
+        print(f"done: {report.rows_changed} row(s) changed in "
+              f"{', '.join(report.partitions) or 'the table'}, published as batch "
+              f"{report.batch.batch}")
+    return 0
+
+
+def _refresh(args: argparse.Namespace) -> int:
+    from octo_platform.project import load_project
+    from octo_platform.runtime.recompute import refresh
+    from octo_platform.runtime.session import spark_session
+
+    project = load_project(args.project)
     for name in args.names:
-        t = project.table(name).name
-        for path in (layout.changelog(t), layout.current(t), layout.internal(t),
-                     layout.dead_letters(t)):
-            shutil.rmtree(Path(path), ignore_errors=True)
-        print(f"reset {t}: its next run rebuilds it from all input")
+        project.table(name)  # unknown names fail before Spark starts
+    report = refresh(spark_session(master=args.master), project, args.names,
+                     warehouse=args.warehouse)
+    print(f"done: {len(report.batches)} batch(es), {report.dead_letters} dead letter(s)")
     return 0
 
 

@@ -11,6 +11,8 @@ import math
 import random
 from collections import Counter
 from dataclasses import dataclass, field
+from datetime import datetime, timezone
+from decimal import Decimal
 from pathlib import Path
 from typing import Any
 
@@ -23,7 +25,8 @@ __all__ = ["norm", "replay", "batch_result", "check_changelog", "check_tables", 
 
 
 def norm(value: Any) -> Any:
-    """Hashable, float-tolerant form of a value (structs become tuples)."""
+    """Hashable, float-tolerant form of a value (structs become tuples, timestamps naive
+    UTC)."""
     if isinstance(value, float):
         if math.isnan(value):
             return "nan"
@@ -34,13 +37,11 @@ def norm(value: Any) -> Any:
         return tuple(norm(v) for v in value)
     if hasattr(value, "asDict"):
         return tuple(norm(v) for v in value.asDict().values())
-    try:
-        from decimal import Decimal
-
-        if isinstance(value, Decimal):
-            return float(f"{float(value):.9g}")
-    except ImportError:  # pragma: no cover
-        pass
+    if isinstance(value, Decimal):
+        return float(f"{float(value):.9g}")
+    if isinstance(value, datetime) and value.tzinfo is not None:
+        # Delta (via Arrow) gives UTC-aware timestamps, Spark's collect() naive ones (UTC).
+        return value.astimezone(timezone.utc).replace(tzinfo=None)
     return value
 
 

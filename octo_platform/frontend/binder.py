@@ -34,6 +34,7 @@ from octo_platform.logical.plan import (
     UnionAll,
     quote,
 )
+from octo_platform.partitions import GRANULARITIES, Partitioning, parse_time
 
 __all__ = ["SourceDef", "TableDef", "Catalog", "build_catalog"]
 
@@ -41,6 +42,7 @@ FORMATS = ("json", "csv", "parquet", "debezium-json")
 CONNECTORS = ("files", "delta")
 DELTA_OPTIONS = ("connector", "path", "primary_key", "mode")
 MODES = ("updating", "append-only")
+TABLE_OPTIONS = ("primary_key", "partition_by", "partitions", "partition_start")
 NONDETERMINISTIC = {
     "rand", "randn", "random", "uuid", "shuffle", "now", "current_timestamp", "current_date",
     "current_time", "localtimestamp", "unix_timestamp", "monotonically_increasing_id",
@@ -84,6 +86,7 @@ class TableDef:
     file: str
     pk: tuple[str, ...] | None
     deps: tuple[str, ...] = field(default=())
+    partitioning: Partitioning | None = None
 
     @property
     def columns(self) -> tuple[str, ...]:
@@ -209,14 +212,50 @@ def _bind_table(catalog: Catalog, stmt: TableStmt) -> TableDef:
         raise SqlError(f"ROW_NUMBER() AS {top.rank} needs a bound: filter the subquery with "
                        f"WHERE {top.rank} <= n (a ranking of every row is not maintained)",
                        stmt.file.location_of(window) if window is not None else here)
-    pk = _key_option(stmt.options, plan.columns, f"streaming table {stmt.name!r}", here)
-    unknown = set(stmt.options) - {"primary_key"}
+    what = f"streaming table {stmt.name!r}"
+    pk = _key_option(stmt.options, plan.columns, what, here)
+    unknown = set(stmt.options) - set(TABLE_OPTIONS)
     if unknown:
-        raise SqlError(f"streaming table {stmt.name!r}: unknown option(s) "
-                       f"{', '.join(sorted(unknown))} (known: primary_key)", here)
+        raise SqlError(f"{what}: unknown option(s) {', '.join(sorted(unknown))} "
+                       f"(known: {', '.join(TABLE_OPTIONS)})", here)
+    partitioning = _partitioning(stmt.options, plan.columns, what, here)
     plan = _prune(plan, set(plan.columns))
     return TableDef(stmt.name, plan, dict(stmt.options), stmt.sql, stmt.file.path,
-                    pk if pk is not None else plan.pk, tuple(sorted(binder.deps)))
+                    pk if pk is not None else plan.pk, tuple(sorted(binder.deps)),
+                    partitioning)
+
+
+def _partitioning(opts: dict[str, str], columns: tuple[str, ...], what: str,
+                  here) -> Partitioning | None:
+    """The event-time partitions a table declares (see ``octo_platform.partitions``)."""
+    column = opts.get("partition_by")
+    if column is None:
+        extra = sorted(set(opts) & {"partitions", "partition_start"})
+        if extra:
+            raise SqlError(f"{what}: option {extra[0]!r} needs partition_by (the event-time "
+                           "column that decides a row's partition)", here)
+        return None
+    lower = {c.lower(): c for c in columns}
+    if column.strip().lower() not in lower:
+        raise SqlError(f"{what}: partition_by column {column!r} is not one of "
+                       f"{', '.join(columns)}", here)
+    granularity = opts.get("partitions", "daily").strip().lower()
+    if granularity not in GRANULARITIES:
+        raise SqlError(f"{what}: option 'partitions' must be one of "
+                       f"{', '.join(GRANULARITIES)}, not {granularity!r}", here)
+    if "partition_start" not in opts:
+        raise SqlError(f"{what}: partition_by needs partition_start (the first partition, "
+                       "e.g. '2026-01-01')", here)
+    try:
+        start = parse_time(opts["partition_start"])
+    except ValueError:
+        raise SqlError(f"{what}: partition_start {opts['partition_start']!r} is not a date "
+                       "or timestamp (YYYY-MM-DD[ HH:MM])", here) from None
+    p = Partitioning(lower[column.strip().lower()], granularity, start)
+    if p.key_of(start) != start.strftime(p.key_format) or p.key_time(p.key_of(start)) != start:
+        raise SqlError(f"{what}: partition_start {opts['partition_start']!r} is not the "
+                       f"start of a {granularity} partition", here)
+    return p
 
 
 @dataclass

@@ -15,9 +15,10 @@ import shutil
 import threading
 import time
 import uuid
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING, Callable
+from typing import TYPE_CHECKING, Callable, Iterator
 
 from octo_platform.errors import RunError
 from octo_platform.project import DEFAULT_WAREHOUSE, Project, load_project
@@ -32,7 +33,7 @@ from octo_platform.runtime.pipeline import (
 if TYPE_CHECKING:
     from pyspark.sql import DataFrame, SparkSession
 
-__all__ = ["run_tables", "RunReport", "resolve_warehouse"]
+__all__ = ["run_tables", "RunReport", "resolve_warehouse", "lock_tables"]
 
 
 @dataclass
@@ -72,6 +73,19 @@ class _Lock:
     def release(self) -> None:
         fcntl.flock(self.fh, fcntl.LOCK_UN)
         self.fh.close()
+
+
+@contextmanager
+def lock_tables(layout: Layout, tables: list[str]) -> Iterator[None]:
+    """Hold every table's lock (fails at once if another process holds one)."""
+    locks: list[_Lock] = []
+    try:
+        for t in tables:
+            locks.append(_Lock(layout, t))
+        yield
+    finally:
+        for lock in locks:
+            lock.release()
 
 
 class _Query:
@@ -174,8 +188,7 @@ def run_tables(
     os.makedirs(layout.warehouse, exist_ok=True) if "://" not in layout.warehouse else None
     _register(spark)
     report = RunReport()
-    locks = [_Lock(layout, t.name) for t in tables]
-    try:
+    with lock_tables(layout, [t.name for t in tables]):
         pipelines = [Pipeline(spark, proj, t, layout, env, buckets=buckets, progress=progress)
                      for t in tables]
         queries = [_Query(spark, p, report, storage_options) for p in pipelines]
@@ -183,9 +196,6 @@ def run_tables(
             _catch_up(queries, parallel)
         else:
             _run_continuously(queries, interval, deadline, progress)
-    finally:
-        for lock in locks:
-            lock.release()
     return report
 
 
