@@ -6,25 +6,33 @@
   of the table (``run_tables(..., until_idle=True)``): key = table name, group = sub-folder
   of ``sql/``, deps = the sources and tables its SQL reads, ``code_version`` = the plan
   fingerprint (changes with the meaning of the query, not with its formatting), column schema
-  and column lineage derived from the compiled plan (views and CTEs inlined).
+  and column lineage derived from the compiled plan (views and CTEs inlined);
+- a table declaring event-time partitions (``WITH (partition_by = ...)``) is partitioned in
+  Dagster too (hourly / daily / monthly, single-run backfill policy): a partitioned run
+  catches up, then recomputes its partition range from the table's history and publishes the
+  difference (a backfill); a run without partitions is a plain catch-up.
 """
 # No ``from __future__ import annotations``: Dagster reads the asset functions' annotations
 # (context and resource parameters) as objects.
 import re
 import time
+import warnings
 from collections import Counter
+from datetime import datetime
 from pathlib import Path
 from typing import Any, Callable, Mapping
 
 import dagster as dg
 
+from octo_platform.errors import CatalogError
 from octo_platform.logical.lineage import column_lineage, column_types
 from octo_platform.logical.plan import explain as explain_logical
+from octo_platform.partitions import Partitioning
 from octo_platform.project import CompiledTable, Project
 from orchestration.resources import SparkResource, WarehouseResource
 
 __all__ = ["project_assets", "source_spec", "table_asset", "group_name", "catch_up",
-           "UNKNOWN_TYPE"]
+           "partitions_def", "UNKNOWN_TYPE"]
 
 UNKNOWN_TYPE = "unknown"  # a column whose type the plan alone does not determine
 DEFAULT_GROUP = "default"
@@ -97,39 +105,80 @@ def table_asset(project: Project, table: CompiledTable,
     }
     name = table.name
     statement = f"CREATE STREAMING TABLE {name}{_with(d.options)} AS\n{d.sql}"
+    partitioned: dict[str, Any] = {}
+    if d.partitioning is not None:
+        upstream = [dep for dep in d.deps if dep.lower() in project.tables
+                    and project.table(dep).definition.partitioning is not None]
+        if upstream:
+            # Dagster cannot run a partitioned asset without a partition once a partitioned
+            # upstream asset has materializations (it maps the run's partitions upstream).
+            raise CatalogError(
+                f"{d.file}: streaming table {name!r} declares partitions and reads the "
+                f"partitioned table {upstream[0]!r}; Dagster could not run its catch-ups "
+                "(runs without a partition). Declare partitions on one of them only.")
+        meta["partition_by"] = f"{d.partitioning.column} ({d.partitioning.granularity})"
+        partitioned = {"partitions_def": partitions_def(d.partitioning),
+                       "backfill_policy": dg.BackfillPolicy.single_run()}
 
-    @dg.asset(
-        key=dg.AssetKey(name),
-        deps=[dg.AssetKey(dep) for dep in d.deps],
-        group_name=group_name(table.group),
-        code_version=table.physical.fingerprint,
-        description=_description(project, d.file, statement),
-        metadata=meta,
-        kinds={"spark", "delta"},
-    )
-    def _asset(context: dg.AssetExecutionContext, spark: SparkResource,
-               warehouse: WarehouseResource) -> dg.MaterializeResult:
-        return catch_up(project, name, spark=spark.get_session(), warehouse=warehouse,
-                        log=context.log.info)
+    with warnings.catch_warnings():  # backfill_policy is "beta" in Dagster 1.13: noise for users
+        warnings.simplefilter("ignore", dg.BetaWarning)
+
+        @dg.asset(
+            key=dg.AssetKey(name),
+            deps=[dg.AssetKey(dep) for dep in d.deps],
+            group_name=group_name(table.group),
+            code_version=table.physical.fingerprint,
+            description=_description(project, d.file, statement),
+            metadata=meta,
+            kinds={"spark", "delta"},
+            **partitioned,
+        )
+        def _asset(context: dg.AssetExecutionContext, spark: SparkResource,
+                   warehouse: WarehouseResource) -> dg.MaterializeResult:
+            window = None
+            if context.has_partition_key or context.has_partition_key_range:
+                tw = context.partition_time_window
+                window = (tw.start, tw.end)
+            return catch_up(project, name, spark=spark.get_session(), warehouse=warehouse,
+                            log=context.log.info, window=window)
 
     return _asset
 
 
+def partitions_def(p: Partitioning) -> dg.TimeWindowPartitionsDefinition:
+    """Dagster's partitions for a table's event-time partitions; the current (still open)
+    period is a partition too."""
+    cls = {"hourly": dg.HourlyPartitionsDefinition, "daily": dg.DailyPartitionsDefinition,
+           "monthly": dg.MonthlyPartitionsDefinition}[p.granularity]
+    return cls(start_date=p.start.strftime(p.key_format), timezone="UTC", end_offset=1)
+
+
 def catch_up(project: Project, name: str, *, spark, warehouse: WarehouseResource,
-             log: Callable[[str], None]) -> dg.MaterializeResult:
+             log: Callable[[str], None],
+             window: tuple[datetime, datetime] | None = None) -> dg.MaterializeResult:
     """Run ``name`` until idle (exactly once: it resumes from the batch log) and describe
-    what the run did and where the table stands."""
+    what the run did and where the table stands. With ``window`` (a partitioned run: a
+    backfill), first recompute the partitions in ``[start, end)`` from what the table has
+    read and publish the difference (``octo_platform.runtime.recompute.backfill``; it also
+    adopts a changed query), then catch up with the corrected state."""
+    from octo_platform.runtime.recompute import backfill
     from octo_platform.runtime.runner import run_tables
     from octo_platform.runtime.status import current_schema, table_status
 
     wh = warehouse.location(project.root)
     env = warehouse.environment()
     started = time.monotonic()
+    batches, recomputed = [], None
+    # A table that never ran has no history to correct: its catch-up computes everything.
+    if window is not None and table_status(project, name, warehouse=wh, env=env).last_batch >= 0:
+        recomputed = backfill(spark, project, name, window=window, warehouse=wh, env=env,
+                              storage_options=warehouse.storage_options or None, progress=log)
+        batches += [recomputed.batch] if recomputed.batch is not None else []
     report = run_tables(spark, project, warehouse=wh, names=[name], until_idle=True, env=env,
                         storage_options=warehouse.storage_options or None, progress=log,
                         parallel=1)
+    batches += report.for_table(name)
     seconds = time.monotonic() - started
-    batches = report.for_table(name)
     events: Counter[str] = Counter()
     for b in batches:
         events.update(b.events)
@@ -155,6 +204,12 @@ def catch_up(project: Project, name: str, *, spark, warehouse: WarehouseResource
     }
     if status.state_rows:
         meta["state_rows_by_table"] = status.state_rows
+    if recomputed is not None:
+        meta["backfill"] = recomputed.what
+        meta["backfill_rows_changed"] = recomputed.rows_changed
+        meta["backfill_partitions_changed"] = ", ".join(recomputed.partitions) or "none"
+        meta["backfill_batch"] = (recomputed.batch.batch if recomputed.batch is not None
+                                  else dg.MetadataValue.null())
     schema = current_schema(project, name, warehouse=wh, env=env)
     if schema is not None:
         meta["dagster/column_schema"] = dg.TableSchema(columns=[

@@ -11,10 +11,16 @@ Per group of streaming tables (a sub-folder of ``sql/``):
 - ``catch_up_<group>`` (a job materializing the group's tables) and its schedule
   ``catch_up_<group>_schedule`` (every 15 minutes).
 
+Per streaming table:
+
+- ``full_refresh_<table>``: a job that deletes the table and everything downstream of it and
+  rebuilds them from all input (``octo_platform.runtime.recompute.refresh``).
+
 For the whole project:
 
-- ``octo_backlog_sensor``: requests a catch-up run of the tables whose inputs have new data
-  (``table_status(...).backlog``) and of the tables downstream of them; its cursor remembers
+- ``octo_backlog_sensor``: requests catch-up runs (``catch_up_<group>``, one per group) of the
+  tables whose inputs have new data (``table_status(...).backlog``) and of the tables
+  downstream of them; its cursor remembers
   each table's (last batch, backlog), so the same backlog never triggers twice. Each tick
   also records an ``AssetObservation`` per table whose backlog or last batch changed (and at
   least every ``OBSERVE_EVERY_S``): input waiting and age of the last commit, the lag view.
@@ -30,6 +36,7 @@ from typing import Any
 
 import dagster as dg
 
+from octo_platform.errors import CatalogError
 from octo_platform.project import Project
 from orchestration.assets import group_name
 from orchestration.resources import SparkResource, WarehouseResource
@@ -61,25 +68,29 @@ def project_automation(project: Project, *, restart_cron: str = RESTART_CRON,
     groups: dict[str, list[str]] = {}
     for t in project.order():
         groups.setdefault(group_name(t.group), []).append(t.name)
+    for group, tables in groups.items():
+        declared = {project.table(t).definition.partitioning: t for t in tables}
+        declared.pop(None, None)
+        if len(declared) > 1:
+            raise CatalogError(
+                f"group {group!r}: tables {' and '.join(declared.values())} declare different "
+                "partitions; a group's catch-up job needs a single partitions definition (put "
+                "them in different sub-folders of sql/)")
     jobs: list = []
     schedules: list = []
+    catch_ups: dict[str, dg.UnresolvedAssetJobDefinition] = {}
     for group, tables in groups.items():
         continuous = continuous_job(project, group, tables)
-        catch_up = dg.define_asset_job(
+        catch_ups[group] = dg.define_asset_job(
             f"catch_up_{group}", selection=dg.AssetSelection.assets(*tables),
             description=f"Catch-up run of the streaming tables of group {group!r}.")
-        jobs += [continuous, catch_up]
+        jobs += [continuous, catch_ups[group]]
         schedules += [_restart_schedule(continuous, group, restart_cron, default_status),
-                      _catch_up_schedule(catch_up, continuous.name, group, catch_up_cron,
-                                         default_status)]
-    if not groups:
-        return {"jobs": jobs, "schedules": schedules, "sensors": []}
-    all_tables = dg.define_asset_job(
-        "catch_up_waiting", selection=dg.AssetSelection.assets(*[t.name for t in project.order()]),
-        description="Catch-up run of the tables with input waiting (started by the sensor).")
-    jobs.append(all_tables)
-    return {"jobs": jobs, "schedules": schedules,
-            "sensors": [backlog_sensor(project, all_tables, sensor_status)]}
+                      _catch_up_schedule(catch_ups[group], continuous.name, group,
+                                         catch_up_cron, default_status)]
+    jobs += [full_refresh_job(project, t.name) for t in project.order()]
+    sensors = [backlog_sensor(project, catch_ups, sensor_status)] if groups else []
+    return {"jobs": jobs, "schedules": schedules, "sensors": sensors}
 
 
 # -- continuous mode --------------------------------------------------------------------------
@@ -180,8 +191,48 @@ def _catch_up_schedule(job, continuous_job_name: str, group: str, cron: str,
     return _schedule
 
 
+# -- full refresh -----------------------------------------------------------------------------
+def full_refresh_job(project: Project, name: str) -> dg.JobDefinition:
+    """Reset ``name`` and the tables downstream of it, then rebuild them from all input."""
+    from octo_platform.runtime.recompute import downstream_of
+
+    affected = downstream_of(project, [name])
+
+    @dg.op(name=f"full_refresh_{name}_op",
+           description=f"Resets {', '.join(affected)} and runs them until idle.")
+    def _op(context: dg.OpExecutionContext, spark: SparkResource,
+            warehouse: WarehouseResource) -> dg.Output:
+        from octo_platform.runtime.recompute import refresh
+
+        started = time.monotonic()
+        report = refresh(spark.get_session(), project, [name],
+                         warehouse=warehouse.location(project.root), env=warehouse.environment(),
+                         storage_options=warehouse.storage_options or None,
+                         progress=context.log.info)
+        for table in affected:
+            batches = report.for_table(table)
+            context.log_event(dg.AssetMaterialization(
+                asset_key=dg.AssetKey(table), description="full refresh: rebuilt from all input",
+                metadata={"batches": len(batches), "rows_in": sum(b.rows_in for b in batches),
+                          "dead_letters": sum(b.dead_letters for b in batches),
+                          "mode": "full refresh"}))
+        return dg.Output(None, metadata={"tables": ", ".join(affected),
+                                         "batches": len(report.batches),
+                                         "duration_s": round(time.monotonic() - started, 3)})
+
+    @dg.job(name=f"full_refresh_{name}", executor_def=dg.in_process_executor,
+            description=f"Full refresh of {name}: deletes its changelog, current snapshot and "
+                        f"state (and those of {', '.join(affected[1:]) or 'no other table'}, "
+                        "downstream of it) and rebuilds them from all input.",
+            tags={"octo/mode": "full-refresh"})
+    def _job():
+        _op()
+
+    return _job
+
+
 # -- the backlog sensor and the lag view -------------------------------------------------------
-def backlog_sensor(project: Project, job, status: dg.DefaultSensorStatus
+def backlog_sensor(project: Project, jobs: dict[str, Any], status: dg.DefaultSensorStatus
                    ) -> dg.SensorDefinition:
     """A catch-up run for tables whose inputs have new data, plus lag observations."""
     downstream: dict[str, set[str]] = {t.name: set() for t in project.order()}
@@ -192,7 +243,8 @@ def backlog_sensor(project: Project, job, status: dg.DefaultSensorStatus
 
     group_of = {t.name: group_name(t.group) for t in project.order()}
 
-    @dg.sensor(name=SENSOR_NAME, job=job, minimum_interval_seconds=SENSOR_INTERVAL_S,
+    @dg.sensor(name=SENSOR_NAME, jobs=list(jobs.values()),
+               minimum_interval_seconds=SENSOR_INTERVAL_S,
                default_status=status,
                description="Starts a catch-up run of the streaming tables whose inputs have "
                            "new data (and of the tables downstream of them); records the "
@@ -211,7 +263,8 @@ def evaluate_backlog(project: Project, downstream: dict[str, set[str]],
                      warehouse: WarehouseResource, busy: set[str] = frozenset()
                      ) -> dg.SensorResult:
     """``busy``: tables a continuous run is running (they pick up their input themselves;
-    the sensor looks at them again once that run has stopped)."""
+    the sensor looks at them again once that run has stopped). One run request per group
+    (its ``catch_up_<group>`` job), upstream groups first."""
     from octo_platform.runtime.status import table_status
 
     wh, env = warehouse.location(project.root), warehouse.environment()
@@ -251,12 +304,17 @@ def evaluate_backlog(project: Project, downstream: dict[str, set[str]],
         if name not in selected and name not in busy:
             selected.add(name)
             todo += downstream.get(name, ())
-    order = [t.name for t in project.order() if t.name in selected]
+    by_group: dict[str, list[str]] = {}
+    for t in project.order():
+        if t.name in selected:
+            by_group.setdefault(group_name(t.group), []).append(t.name)
     key = ";".join(f"{n}={seen[n]}" for n in new)
     return dg.SensorResult(
-        run_requests=[dg.RunRequest(run_key=key, asset_selection=[dg.AssetKey(n) for n in order],
+        run_requests=[dg.RunRequest(run_key=f"{group}:{key}", job_name=f"catch_up_{group}",
+                                    asset_selection=[dg.AssetKey(n) for n in names],
                                     tags={"octo/trigger": "backlog",
-                                          "octo/waiting": ",".join(new)})],
+                                          "octo/waiting": ",".join(new)})
+                      for group, names in by_group.items()],
         cursor=cursor_out, asset_events=events)
 
 

@@ -66,7 +66,7 @@ def test_schedules_restart_continuous_jobs_and_catch_up(project: Path):
     defs = build_definitions(project, resources=resources(project))
     repo = defs.get_repository_def()
     assert {j.name for j in repo.get_all_jobs()} >= {
-        "continuous_stats", "catch_up_stats", "catch_up_waiting"}
+        "continuous_stats", "catch_up_stats", "full_refresh_per_key", "full_refresh_by_count"}
     restart = repo.get_schedule_def("restart_stats")
     catch_up = repo.get_schedule_def("catch_up_stats_schedule")
     assert restart.cron_schedule == RESTART_CRON and catch_up.cron_schedule == CATCH_UP_CRON
@@ -119,6 +119,7 @@ def test_sensor_requests_catch_up_only_for_new_input(spark, project: Path, insta
     out, obs = tick()
     (req,) = out.run_requests  # the table with new input, and the table downstream of it
     assert req.asset_selection == [dg.AssetKey("per_key"), dg.AssetKey("by_count")]
+    assert req.job_name == "catch_up_stats"  # one request per group, with the group's job
     assert obs["per_key"]["backlog"] == 1
     assert obs["per_key"]["backlog_by_input"] == {"source:events": 1}
     first_key = req.run_key

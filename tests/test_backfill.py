@@ -68,7 +68,8 @@ def relation(root: Path) -> list[dict]:
 
 def check_like_scratch(spark, root: Path) -> None:
     """Every table equals its SQL run as a batch over the input as it is now."""
-    sql = (root / "sql" / "t.sql").read_text()
+    files = sorted((root / "sql").rglob("*.sql"), key=lambda f: (len(f.parts), f))
+    sql = "\n".join(f.read_text() for f in files)  # sql/t.sql first: the others read it
     for name, pk in TABLES.items():
         expected = batch_result(spark, sql, {"ev": relation(root)}, name)
         assert replay(root / "warehouse", name) == expected, name
@@ -232,3 +233,82 @@ def test_partition_keys_follow_dagster(tmp_path):
         daily.window("2025-12-31", "2026-01-02")
     with pytest.raises(ValueError, match="is not a daily partition key"):
         daily.window("yesterday", "2026-01-02")
+
+
+# -- in Dagster --------------------------------------------------------------------------------
+def test_partitions_dagster_cannot_run_are_refused(project):
+    from octo_platform.errors import CatalogError
+    from orchestration.definitions import build_definitions
+
+    with pytest.raises(CatalogError, match="'big' declares partitions and reads the "
+                                           "partitioned table 'daily'"):
+        build_definitions(project)
+    (project / "sql" / "t.sql").write_text(SQL.replace("CREATE STREAMING TABLE big WITH (",
+                                                       "CREATE STREAMING TABLE big2 WITH (")
+                                              .replace("JOIN daily d", "JOIN per_k d")
+                                              .replace("d.n FROM", "d.days FROM")
+                                              .replace("CAST(e.ts AS DATE) = d.day AND ", ""))
+    with pytest.raises(CatalogError, match="tables daily and big2 declare different partitions"):
+        build_definitions(project)
+
+
+def test_dagster_partitions_backfill_and_full_refresh(spark, project):
+    import dagster as dg
+
+    from orchestration.definitions import build_definitions
+    from orchestration.resources import SparkResource, WarehouseResource
+
+    head, big = SQL.split("CREATE STREAMING TABLE big")
+    (project / "sql" / "t.sql").write_text(head)
+    (project / "sql" / "joined").mkdir()
+    big = big[big.index(") AS") + 1:]  # unpartitioned: it reads the partitioned `daily`
+    (project / "sql" / "joined" / "big.sql").write_text("CREATE STREAMING TABLE big" + big)
+    defs = build_definitions(project, resources={
+        "spark": SparkResource(), "warehouse": WarehouseResource(path=str(project / "warehouse"))})
+    graph = defs.resolve_asset_graph()
+    daily = graph.get(dg.AssetKey("daily"))
+    assert isinstance(daily.partitions_def, dg.DailyPartitionsDefinition)
+    assert daily.partitions_def.get_first_partition_key() == "2026-11-01"
+    assert daily.backfill_policy == dg.BackfillPolicy.single_run()
+    assert graph.get(dg.AssetKey("big")).partitions_def is None
+    assert graph.get(dg.AssetKey("per_k")).partitions_def is None
+    instance = dg.DagsterInstance.ephemeral()
+    catch_up = defs.resolve_job_def("catch_up_default")
+
+    # A run without partitions is a plain catch-up.
+    assert catch_up.execute_in_process(instance=instance).success
+    day2 = rows_of(2, 12, seed=2)
+    day2[1]["v"] += 4
+    write_day(project, 2, day2)  # corrected in place after it was read
+
+    # A backfill of two days is one run (single-run policy: a partition range), which
+    # materializes both partitions; downstream, per_k sees the correction as updates.
+    run = defs.resolve_job_def("catch_up_default").execute_in_process(
+        instance=instance, asset_selection=[dg.AssetKey("daily")],
+        tags={"dagster/asset_partition_range_start": "2026-11-02",
+              "dagster/asset_partition_range_end": "2026-11-03"})
+    assert run.success
+    mats = run.asset_materializations_for_node("daily")
+    assert sorted(m.partition for m in mats) == ["2026-11-02", "2026-11-03"]
+    meta = {k: v.value for k, v in mats[0].metadata.items()}
+    assert meta["backfill"] == "2026-11-02 .. 2026-11-03"
+    assert meta["backfill_partitions_changed"] == "2026-11-02"
+    assert meta["backfill_rows_changed"] == 2 and meta["events_u"] == 1
+    down = catch_up.execute_in_process(instance=instance, asset_selection=[dg.AssetKey("per_k")])
+    (mat,) = down.asset_materializations_for_node("per_k")
+    assert mat.metadata["events_u"].value == 1
+    defs.resolve_job_def("catch_up_joined").execute_in_process(instance=instance)
+    backfill(spark, project, "big", progress=None)  # it joined day 2's rows before the fix
+    check_like_scratch(spark, project)
+
+    # Full refresh of daily: daily, per_k and big rebuilt from all input, one run.
+    write_day(project, 3, rows_of(3, 8, seed=5))  # corrected in place: only a rebuild sees it
+    refresh_run = defs.resolve_job_def("full_refresh_daily").execute_in_process(
+        instance=instance)
+    assert refresh_run.success
+    rebuilt = {e.asset_key.to_user_string()
+               for e in refresh_run.get_asset_materialization_events()}
+    assert rebuilt == {"daily", "per_k", "big"}
+    check_like_scratch(spark, project)
+    assert {e["source"]["batch_id"] for e in changelog_events(project / "warehouse", "daily")} \
+        == {0, 1}, "rebuilt: the changelog restarts at batch 0 (2 files per batch)"

@@ -66,19 +66,25 @@ def test_sigkill_at_random_moments_loses_and_doubles_nothing(spark, tmp_path):
     cmd = [sys.executable, "-m", "octo_platform.cli", "run", "--all", "--until-idle",
            "--project", str(crashed)]
     kills = 0
+    log = tmp_path / "runs.log"
     for _attempt in range(6):
-        proc = subprocess.Popen(cmd, env=env, start_new_session=True,
-                                stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
-        deadline = time.monotonic() + rng.uniform(9, 24)
-        while time.monotonic() < deadline and proc.poll() is None:
-            time.sleep(0.2)
-        if proc.poll() is None and kills < 4:
-            os.killpg(proc.pid, signal.SIGKILL)  # the JVM and Python workers too
-            proc.wait()
-            kills += 1
-            continue
-        out = proc.communicate(timeout=600)[0].decode()
-        assert proc.returncode == 0, out
+        with open(log, "ab") as out:  # a file, not a pipe: a full pipe would stall the run
+            proc = subprocess.Popen(cmd, env=env, start_new_session=True, stdout=out,
+                                    stderr=subprocess.STDOUT)
+        try:
+            deadline = time.monotonic() + rng.uniform(9, 24)
+            while time.monotonic() < deadline and proc.poll() is None:
+                time.sleep(0.2)
+            if proc.poll() is None and kills < 4:
+                os.killpg(proc.pid, signal.SIGKILL)  # the JVM and Python workers too
+                proc.wait()
+                kills += 1
+                continue
+            proc.wait(timeout=600)
+        finally:
+            if proc.poll() is None:
+                os.killpg(proc.pid, signal.SIGKILL)
+        assert proc.returncode == 0, log.read_text()[-5000:]
         break
     assert kills >= 2, "the test must actually kill runs mid-way"
 

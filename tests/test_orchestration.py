@@ -13,7 +13,8 @@ from orchestration.resources import SparkResource, WarehouseResource
 from tests.oracle import RandomInput, batch_result, replay, write_lines
 
 TABLES = {"auction_stats", "bid_histogram", "hot_auctions", "channel_stats", "whale_bids",
-          "auction_count", "category_prices", "category_reserve", "local_sellers"}
+          "daily_volume", "auction_count", "category_prices", "category_reserve",
+          "local_sellers"}
 SOURCES = {"bids", "auctions", "persons", "auctions_cdc"}
 
 
@@ -39,7 +40,7 @@ def test_example_definitions_load():
     assert groups == {
         **{t: "auctions" for t in ("auction_stats", "bid_histogram", "hot_auctions",
                                    "category_prices")},
-        **{t: "bids" for t in ("channel_stats", "whale_bids")},
+        **{t: "bids" for t in ("channel_stats", "whale_bids", "daily_volume")},
         **{t: "cdc" for t in ("auction_count", "category_reserve", "local_sellers")},
         **{s: "default" for s in SOURCES},  # sql/sources.sql is not in a sub-folder
     }
@@ -52,6 +53,10 @@ def test_example_definitions_load():
     assert parents("whale_bids") == {"bids"}  # through the view big_bids
     assert parents("category_prices") == {"bids", "auctions"}
     assert parents("local_sellers") == {"persons", "auctions_cdc"}
+    daily = graph.get(dg.AssetKey("daily_volume"))  # WITH (partition_by = 'day', ...)
+    assert isinstance(daily.partitions_def, dg.DailyPartitionsDefinition)
+    assert daily.partitions_def.get_first_partition_key() == "2024-01-01"
+    assert graph.get(dg.AssetKey("channel_stats")).partitions_def is None
     assert set(defs.resources) == {"spark", "warehouse"}
 
 

@@ -1,7 +1,8 @@
 """Smoke test of the real `dagster dev`: webserver + daemon + code server on a free loopback
 port serving a tiny project; the asset graph read and a materialization launched through
-GraphQL (queued, dequeued by the daemon, run by a run worker with its own Spark JVM); then
-every process of the tree stopped by id."""
+GraphQL (queued, dequeued by the daemon, run by a run worker with its own Spark JVM), then a
+partition backfill launched like the UI's dialog (the daemon turns it into one run: the
+single-run policy); then every process of the tree stopped by id."""
 from __future__ import annotations
 
 import json
@@ -24,7 +25,7 @@ from tests.processes import session_pids, start_session, stop_session
 REPO_ROOT = Path(__file__).resolve().parents[1]
 
 SOURCES = """\
-CREATE SOURCE events (id BIGINT, k BIGINT, v BIGINT)
+CREATE SOURCE events (id BIGINT, k BIGINT, v BIGINT, ts TIMESTAMP)
 WITH (connector = 'files', path = 'data/events', format = 'json');
 """
 PER_KEY = """\
@@ -37,7 +38,12 @@ BY_COUNT = """\
 CREATE STREAMING TABLE by_count AS
 SELECT n, COUNT(*) AS keys FROM per_key GROUP BY n;
 """
-ROWS = [{"id": i, "k": i % 3, "v": i} for i in range(10)]  # k=0: 4 rows, k=1, k=2: 3 rows
+DAILY = """\
+CREATE STREAMING TABLE daily WITH (partition_by = 'day', partition_start = '2026-11-01') AS
+SELECT CAST(ts AS DATE) AS day, COUNT(*) AS n FROM events GROUP BY CAST(ts AS DATE);
+"""
+ROWS = [{"id": i, "k": i % 3, "v": i, "ts": f"2026-11-0{1 + i % 2} 12:00:00"}
+        for i in range(10)]  # k=0: 4 rows, k=1, k=2: 3 rows; 5 rows on each of two days
 
 ASSET_GRAPH = """
 query { assetNodes { assetKey { path } dependencyKeys { path } groupName isMaterializable
@@ -77,6 +83,30 @@ query { assetNodes(assetKeys: [{path: ["per_key"]}, {path: ["by_count"]}]) {
   assetKey { path }
   assetMaterializations(limit: 1) { runId metadataEntries {
     label ... on IntMetadataEntry { intValue } } } } }
+"""
+BACKFILL = """
+mutation Backfill($params: LaunchBackfillParams!) {
+  launchPartitionBackfill(backfillParams: $params) {
+    __typename
+    ... on LaunchBackfillSuccess { backfillId }
+    ... on PythonError { message stack }
+    ... on Error { message }
+  }
+}
+"""
+BACKFILL_STATUS = """
+query Backfill($id: String!) {
+  partitionBackfillOrError(backfillId: $id) {
+    __typename
+    ... on PartitionBackfill { status runs(limit: 10) { runId status tags { key value } } }
+    ... on PythonError { message }
+  }
+}
+"""
+PARTITIONS = """
+query { assetNodes(assetKeys: [{path: ["daily"]}]) {
+  isPartitioned partitionDefinition { description }
+  assetMaterializations(limit: 10) { partition runId } } }
 """
 TERMINAL = {"SUCCESS", "FAILURE", "CANCELED"}
 
@@ -120,6 +150,21 @@ def wait_for_server(url: str, proc: subprocess.Popen, log: Path, timeout: float)
     pytest.fail(f"dagster dev not ready after {timeout}s:\n{tail(log)}")
 
 
+def wait_for_run(url: str, run_id: str, log: Path, timeout: float = 150) -> list[str]:
+    """Wait for a run to end (~60 s on 2 busy cores: most of it the JVM); its messages."""
+    deadline = time.monotonic() + timeout
+    while True:
+        run = graphql(url, RUN, {"id": run_id})["runOrError"]
+        assert run["__typename"] == "Run", run
+        if run["status"] in TERMINAL or time.monotonic() > deadline:
+            break
+        time.sleep(1)
+    messages = [e.get("message") or "" for e in
+                graphql(url, EVENTS, {"id": run_id})["logsForRun"]["events"]]
+    assert run["status"] == "SUCCESS", (run, messages[-30:], tail(log))
+    return messages
+
+
 def tail(log: Path, n: int = 60) -> str:
     return "\n".join(log.read_text(errors="replace").splitlines()[-n:]) if log.exists() else ""
 
@@ -131,6 +176,8 @@ def project(tmp_path: Path) -> Path:
     (root / "sql" / "sources.sql").write_text(SOURCES)
     (root / "sql" / "stats" / "per_key.sql").write_text(PER_KEY)
     (root / "sql" / "stats" / "by_count.sql").write_text(BY_COUNT)
+    (root / "sql" / "daily").mkdir()
+    (root / "sql" / "daily" / "daily.sql").write_text(DAILY)
     write_lines(root / "data" / "events", "f1.json", [json.dumps(r) for r in ROWS])
     return root
 
@@ -163,11 +210,12 @@ def test_dagster_dev_serves_the_graph_and_materializes_through_graphql(tmp_path,
         # -- the asset graph, as the UI reads it -----------------------------------------
         nodes = {"/".join(n["assetKey"]["path"]): n
                  for n in graphql(url, ASSET_GRAPH)["assetNodes"]}
-        assert set(nodes) == {"events", "per_key", "by_count"}
+        assert set(nodes) == {"events", "per_key", "by_count", "daily"}
         deps = {k: {"/".join(d["path"]) for d in n["dependencyKeys"]} for k, n in nodes.items()}
-        assert deps == {"events": set(), "per_key": {"events"}, "by_count": {"per_key"}}
+        assert deps == {"events": set(), "per_key": {"events"}, "by_count": {"per_key"},
+                        "daily": {"events"}}
         assert {k: n["isMaterializable"] for k, n in nodes.items()} == {
-            "events": False, "per_key": True, "by_count": True}
+            "events": False, "per_key": True, "by_count": True, "daily": True}
         assert nodes["per_key"]["groupName"] == nodes["by_count"]["groupName"] == "stats"
         assert "__ASSET_JOB" in nodes["per_key"]["jobNames"]
 
@@ -181,16 +229,7 @@ def test_dagster_dev_serves_the_graph_and_materializes_through_graphql(tmp_path,
         assert launched["__typename"] == "LaunchRunSuccess", launched
         run_id = launched["run"]["runId"]
 
-        deadline = time.monotonic() + 150  # ~60 s on 2 busy cores: most of it the JVM
-        while True:
-            run = graphql(url, RUN, {"id": run_id})["runOrError"]
-            assert run["__typename"] == "Run", run
-            if run["status"] in TERMINAL or time.monotonic() > deadline:
-                break
-            time.sleep(1)
-        messages = [e.get("message") or "" for e in
-                    graphql(url, EVENTS, {"id": run_id})["logsForRun"]["events"]]
-        assert run["status"] == "SUCCESS", (run, messages[-30:], tail(log))
+        messages = wait_for_run(url, run_id, log)
         ran = time.monotonic() - t0 - ready
         assert any(m.startswith("[per_key] batch 0: 10 rows in") for m in messages), messages
         assert any(m.startswith("[by_count] batch 0:") for m in messages), messages
@@ -222,6 +261,31 @@ def test_dagster_dev_serves_the_graph_and_materializes_through_graphql(tmp_path,
         assert latest["per_key"]["rows_in"] == 10 and latest["per_key"]["batches"] == 1
         assert latest["per_key"]["dagster/row_count"] == 3
         assert latest["by_count"]["rows_in"] == 3 and latest["by_count"]["events_c"] == 2
+
+        # -- a backfill of two partitions of `daily`, as the UI's partition dialog sends it ---
+        (node,) = graphql(url, PARTITIONS)["assetNodes"]
+        assert node["isPartitioned"] and "Daily" in node["partitionDefinition"]["description"]
+        launched = graphql(url, BACKFILL, {"params": {
+            "assetSelection": [{"path": ["daily"]}],
+            "partitionNames": ["2026-11-01", "2026-11-02"]}})["launchPartitionBackfill"]
+        assert launched["__typename"] == "LaunchBackfillSuccess", launched
+        deadline = time.monotonic() + 180
+        while True:  # the daemon submits the backfill's run(s); the run worker runs them
+            backfill = graphql(url, BACKFILL_STATUS, {"id": launched["backfillId"]})[
+                "partitionBackfillOrError"]
+            runs = backfill.get("runs") or []
+            if (runs and all(r["status"] in TERMINAL for r in runs)
+                    and backfill["status"] != "REQUESTED") or time.monotonic() > deadline:
+                break
+            time.sleep(1)
+        assert len(runs) == 1, (backfill, tail(log))  # single-run policy: one run, a range
+        tags = {t["key"]: t["value"] for t in runs[0]["tags"]}
+        assert (tags["dagster/asset_partition_range_start"],
+                tags["dagster/asset_partition_range_end"]) == ("2026-11-01", "2026-11-02")
+        wait_for_run(url, runs[0]["runId"], log)
+        (node,) = graphql(url, PARTITIONS)["assetNodes"]
+        assert sorted(m["partition"] for m in node["assetMaterializations"]) == [
+            "2026-11-01", "2026-11-02"]
     finally:
         t1 = time.monotonic()
         stopped = stop_session(proc)
@@ -235,6 +299,8 @@ def test_dagster_dev_serves_the_graph_and_materializes_through_graphql(tmp_path,
     assert replay(warehouse, "per_key") == Counter({(0, 4, 18): 1, (1, 3, 12): 1,
                                                     (2, 3, 15): 1})
     assert replay(warehouse, "by_count") == Counter({(4, 1): 1, (3, 2): 1})
+    assert {(str(day), n) for (day, n) in replay(warehouse, "daily")} == {
+        ("2026-11-01", 5), ("2026-11-02", 5)}
 
 
 def test_stop_session_escalates_by_process_id(tmp_path):

@@ -107,23 +107,12 @@ def backfill(
         history = _history(live, env)
         say(f"[{table.name}] recomputing {what} from the history of batches 0..{last} "
             f"({_describe_history(history)})")
-        Pipeline(spark, proj, table, scratch, env, buckets=buckets,
-                 progress=None).run_batch(0, history)
-        pinned = (live.log.commit_payload(last) or {}).get("versions", {})
-        diff = live.recompute_diff(scratch, pinned).persist()
         try:
-            report = BackfillReport(table.name, what,
-                                    rows_recomputed=env.store.num_rows(
-                                        scratch.current(table.name)) or 0,
-                                    rows_changed=diff.count())
-            if part is not None and report.rows_changed:
-                key = part.key_sql()
-                if window is not None:
-                    _check_inside(diff, part.within_sql(*window), key, table.name, what)
-                report.partitions = sorted(
-                    r[0] or "NULL" for r in diff.selectExpr(f"{key} AS k").distinct().collect())
-        finally:
-            diff.unpersist()
+            report = _recompute(spark, proj, table, live, scratch, history, window, what,
+                                buckets)
+        except BaseException:
+            _remove(scratch.warehouse)  # nothing was published: leave nothing behind
+            raise
         if not report.rows_changed:
             _remove(scratch.warehouse)
             say(f"[{table.name}] recomputed {what}: {report.rows_recomputed} rows, nothing "
@@ -197,6 +186,32 @@ def _open(project: str | Path | Project, warehouse: str | None, env: Environment
         env = default_environment(storage_options)
     proj = project if isinstance(project, Project) else load_project(project)
     return proj, Layout(resolve_warehouse(proj.root, warehouse)), env
+
+
+def _recompute(spark: SparkSession, project: Project, table, live: Pipeline,
+               scratch: ScratchLayout, history: dict[str, Any],
+               window: tuple[datetime, datetime] | None, what: str,
+               buckets: int) -> BackfillReport:
+    """Run the query over ``history`` into ``scratch``; measure (and for a ``window``,
+    check) its difference from the live table."""
+    part = table.definition.partitioning
+    Pipeline(spark, project, table, scratch, live.env, buckets=buckets,
+             progress=None).run_batch(0, history)
+    pinned = (live.log.commit_payload(live.log.last_committed) or {}).get("versions", {})
+    diff = live.recompute_diff(scratch, pinned).persist()
+    try:
+        report = BackfillReport(
+            table.name, what, rows_changed=diff.count(),
+            rows_recomputed=live.env.store.num_rows(scratch.current(table.name)) or 0)
+        if part is not None and report.rows_changed:
+            key = part.key_sql()
+            if window is not None:
+                _check_inside(diff, part.within_sql(*window), key, table.name, what)
+            report.partitions = sorted(
+                r[0] or "NULL" for r in diff.selectExpr(f"{key} AS k").distinct().collect())
+    finally:
+        diff.unpersist()
+    return report
 
 
 def _history(live: Pipeline, env: Environment) -> dict[str, Any]:

@@ -100,24 +100,36 @@ class _Query:
         self.stopping = False
         self.busy = threading.Lock()
         self.error: BaseException | None = None
+        self.active_at = time.monotonic()  # last time a batch started or ended
         internal = pipeline.layout.internal(pipeline.name)
         self.checkpoint = f"{internal}/checkpoints/{uuid.uuid4().hex}"
 
     def handle(self, df: DataFrame, _spark_batch: int) -> None:
         with self.busy:
-            if self.stopping:
-                return  # not logged: the next run plans this batch again
-            rows = df.collect()
-            if not rows:
-                return
-            offset = json.loads(rows[0][0])
+            self.active_at = time.monotonic()
             try:
-                stats = self.pipeline.run_batch(int(offset["batch"]), offset["inputs"])
-            except BaseException as e:  # noqa: BLE001 - re-raised by the runner
-                self.error = e
-                raise
-            if not stats.skipped:
-                self.report.batches.append(stats)
+                self._handle(df)
+            finally:
+                self.active_at = time.monotonic()
+
+    def stalled(self) -> bool:
+        """Spark has not called the handler for ``STALL_S`` while the query is active."""
+        return not self.busy.locked() and time.monotonic() - self.active_at > STALL_S
+
+    def _handle(self, df: DataFrame) -> None:
+        if self.stopping:
+            return  # not logged: the next run plans this batch again
+        rows = df.collect()
+        if not rows:
+            return
+        offset = json.loads(rows[0][0])
+        try:
+            stats = self.pipeline.run_batch(int(offset["batch"]), offset["inputs"])
+        except BaseException as e:  # noqa: BLE001 - re-raised by the runner
+            self.error = e
+            raise
+        if not stats.skipped:
+            self.report.batches.append(stats)
 
     def start(self, *, until_idle: bool, interval: str):
         p = self.pipeline
@@ -131,6 +143,7 @@ class _Query:
                   .option("checkpointLocation", self.checkpoint))
         writer = writer.trigger(availableNow=True) if until_idle else \
             writer.trigger(processingTime=interval)
+        self.active_at = time.monotonic()
         self.query = writer.start()
         return self.query
 
@@ -147,6 +160,7 @@ class _Query:
 
 _REGISTERED: set[int] = set()
 DEFAULT_PARALLEL = 3  # catch-up queries at once: overlaps start-up and driver work of several
+STALL_S = 600.0  # a catch-up query whose handler Spark has not called for this long is stuck
 
 
 def _register(spark: SparkSession) -> None:
@@ -218,6 +232,12 @@ def _catch_up(queries: list[_Query], parallel: int) -> None:
             for n in finished:
                 _await(by_name[n], running.pop(n))
                 done.add(n)
+            for n in running:
+                if by_name[n].stalled():
+                    raise RunError(
+                        f"streaming table {by_name[n].pipeline.name!r}: Spark's query made no "
+                        f"progress for {STALL_S:.0f}s (no batch started); stopped it. Run "
+                        "again: the next run resumes exactly where this one stopped.")
             if not finished:
                 time.sleep(0.05)
     finally:

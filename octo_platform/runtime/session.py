@@ -21,6 +21,8 @@ DEFAULT_CONF = {
     "spark.sql.adaptive.enabled": "false",
     "spark.driver.memory": "4g",
     "spark.sql.execution.arrow.pyspark.enabled": "true",
+    # Stopping a query waits this long for its thread, then fails instead of hanging.
+    "spark.sql.streaming.stopTimeout": "60s",
 }
 
 # For short runs (demo, tests): the JIT's second tier costs more CPU than it saves when a run
