@@ -1,13 +1,8 @@
 """Scheduled restarts and monitoring: the schedules and the backlog sensor evaluated tick by
-tick (``evaluate_tick``) over a tiny project, a continuous run that stops at its deadline, and
-a Dagster materialization SIGKILLed mid-run whose retry resumes exactly once."""
+tick (``evaluate_tick``) over a tiny project, and a continuous run that stops at its deadline.
+(A run SIGKILLed mid-run and retried by the real daemon: tests/test_webserver.py.)"""
 from __future__ import annotations
 
-import os
-import shutil
-import signal
-import subprocess
-import sys
 import threading
 import time
 from pathlib import Path
@@ -19,10 +14,9 @@ from octo_platform.project import load_project
 from octo_platform.runtime.runner import run_tables
 from octo_platform.runtime.status import table_status
 from orchestration.automation import CATCH_UP_CRON, CONTINUOUS_MINUTES, RESTART_CRON
-from orchestration.definitions import REPO_ROOT, build_definitions
+from orchestration.definitions import build_definitions
 from orchestration.resources import SparkResource, WarehouseResource
 from tests.oracle import RandomInput, batch_result, current, replay, write_lines
-from tests.test_crash import dead_letters, events
 
 SQL = """\
 CREATE SOURCE events (id BIGINT, k BIGINT, g STRING, v BIGINT, d DOUBLE)
@@ -194,77 +188,3 @@ def test_continuous_run_stops_cleanly_at_its_deadline(spark, project: Path):
     for table in TABLES:
         assert table_status(prj, table, warehouse=str(wh)).backlog == {
             "per_key": {"source:events": 0}, "by_count": {"table:per_key": 0}}[table]
-
-
-# -- a Dagster run SIGKILLed mid-run, then retried -------------------------------------------
-# What a run of the code location does (definitions.py with OCTO_PROJECT, the instance in
-# DAGSTER_HOME), without the asset checks: materialize per_key, a catch-up run. With
-# ``retry``, it first does what run monitoring and the retry daemon do for a run whose process
-# died: mark it failed, then start a new run tagged as its retry.
-MATERIALIZE = """
-import sys
-import dagster as dg
-from orchestration.definitions import defs
-with dg.DagsterInstance.get() as instance:
-    tags = {}
-    if sys.argv[1:] == ["retry"]:
-        (dead,) = instance.get_runs(filters=dg.RunsFilter(statuses=[dg.DagsterRunStatus.STARTED]))
-        instance.report_run_failed(dead)
-        tags = {"dagster/parent_run_id": dead.run_id, "dagster/root_run_id": dead.run_id,
-                "dagster/retry_number": "1"}
-    result = dg.materialize(list(defs.assets), selection=["per_key"], tags=tags,
-                            resources=defs.resources, instance=instance)
-sys.exit(0 if result.success else 1)
-"""
-
-
-def test_retried_run_after_sigkill_resumes_exactly_once(spark, tmp_path: Path, monkeypatch):
-    crashed, reference = tmp_path / "crashed", tmp_path / "reference"
-    (crashed / "sql").mkdir(parents=True)
-    (crashed / "sql" / "t.sql").write_text(SQL + PER_KEY)
-    data = RandomInput(seed=21, debezium=False)
-    for i in range(3):
-        write_lines(crashed / "data" / "events", f"f{i}.json", data.lines(15, bad=i == 2))
-    shutil.copytree(crashed, reference)
-    run_tables(spark, reference, until_idle=True, progress=None)
-
-    home = tmp_path / "dagster_home"
-    home.mkdir()
-    shutil.copy(REPO_ROOT / "dagster.yaml", home / "dagster.yaml")
-    env = {**os.environ, "PYSPARK_PYTHON": sys.executable, "DAGSTER_HOME": str(home),
-           "OCTO_PROJECT": str(crashed), "OCTO_WAREHOUSE": str(crashed / "warehouse")}
-    cmd = [sys.executable, "-c", MATERIALIZE]
-    proc = subprocess.Popen(cmd, env=env, cwd=REPO_ROOT, start_new_session=True,
-                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
-    seen = []
-    try:
-        for line in proc.stdout:
-            seen.append(line)
-            if "[per_key] batch 0:" in line:  # mid-run: batch 1 starts at once, 2 follows
-                break
-        os.killpg(proc.pid, signal.SIGKILL)  # the JVM and Python workers too
-    finally:
-        proc.wait()
-    assert proc.returncode == -signal.SIGKILL, "".join(seen)
-    prj = load_project(crashed)
-    assert table_status(prj, "per_key").last_batch < 2  # the run really was cut short
-
-    # the retry: the same materialization again, in a new process
-    retry = subprocess.run(cmd + ["retry"], env=env, cwd=REPO_ROOT, capture_output=True, text=True,
-                           timeout=300)
-    assert retry.returncode == 0, retry.stdout + retry.stderr
-    out = retry.stdout + retry.stderr
-    assert "[per_key] batch 0:" not in out  # a committed batch is not redone
-    monkeypatch.setenv("DAGSTER_HOME", str(home))
-    with dg.DagsterInstance.get() as instance:
-        retried, killed = instance.get_runs()
-        assert killed.status == dg.DagsterRunStatus.FAILURE
-        assert retried.status == dg.DagsterRunStatus.SUCCESS
-        assert retried.tags["dagster/parent_run_id"] == killed.run_id
-    table = "per_key"
-    assert events(crashed / "warehouse", table) == events(reference / "warehouse", table)
-    assert current(crashed / "warehouse", table) == current(reference / "warehouse", table)
-    assert dead_letters(crashed / "warehouse", table) == \
-        dead_letters(reference / "warehouse", table)
-    want = batch_result(spark, SQL + PER_KEY, {"events": data.relation()}, table)
-    assert replay(crashed / "warehouse", table) == want

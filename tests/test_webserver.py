@@ -2,12 +2,15 @@
 port serving a tiny project; the asset graph read and a materialization launched through
 GraphQL (queued, dequeued by the daemon, run by a run worker with its own Spark JVM), then a
 partition backfill launched like the UI's dialog (the daemon turns it into one run: the
-single-run policy); then every process of the tree stopped by id."""
+single-run policy), then a run whose worker is SIGKILLed mid-run and retried by the daemon
+(run retries in dagster.yaml), resuming exactly once; then every process of the tree stopped
+by id."""
 from __future__ import annotations
 
 import json
 import os
 import shutil
+import signal
 import socket
 import subprocess
 import sys
@@ -42,6 +45,13 @@ DAILY = """\
 CREATE STREAMING TABLE daily WITH (partition_by = 'day', partition_start = '2026-11-01') AS
 SELECT CAST(ts AS DATE) AS day, COUNT(*) AS n FROM events GROUP BY CAST(ts AS DATE);
 """
+CLICKS = """\
+CREATE SOURCE clicks (u BIGINT, n BIGINT)
+WITH (connector = 'files', path = 'data/clicks', format = 'json', max_files_per_batch = '1');
+CREATE STREAMING TABLE per_user AS SELECT u, COUNT(*) AS clicks, SUM(n) AS total
+FROM clicks GROUP BY u;
+"""
+CLICK_FILES = 6  # one batch each: the run is killed after its first
 ROWS = [{"id": i, "k": i % 3, "v": i, "ts": f"2026-11-0{1 + i % 2} 12:00:00"}
         for i in range(10)]  # k=0: 4 rows, k=1, k=2: 3 rows; 5 rows on each of two days
 
@@ -108,6 +118,11 @@ query { assetNodes(assetKeys: [{path: ["daily"]}]) {
   isPartitioned partitionDefinition { description }
   assetMaterializations(limit: 10) { partition runId } } }
 """
+RETRIES = """
+query Retries($parent: String!) {
+  runsOrError(filter: {tags: [{key: "dagster/parent_run_id", value: $parent}]}) {
+    ... on Runs { results { runId status } } } }
+"""
 TERMINAL = {"SUCCESS", "FAILURE", "CANCELED"}
 
 
@@ -150,6 +165,21 @@ def wait_for_server(url: str, proc: subprocess.Popen, log: Path, timeout: float)
     pytest.fail(f"dagster dev not ready after {timeout}s:\n{tail(log)}")
 
 
+def run_messages(url: str, run_id: str) -> list[str]:
+    return [e.get("message") or "" for e in
+            graphql(url, EVENTS, {"id": run_id})["logsForRun"]["events"]]
+
+
+def wait_for_retry(url: str, run_id: str, log: Path, timeout: float = 120) -> str:
+    """The id of the run the daemon launched to retry ``run_id``."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        for run in graphql(url, RETRIES, {"parent": run_id})["runsOrError"]["results"]:
+            return run["runId"]
+        time.sleep(1)
+    pytest.fail(f"no retry of {run_id} after {timeout}s:\n{tail(log)}")
+
+
 def wait_for_run(url: str, run_id: str, log: Path, timeout: float = 150) -> list[str]:
     """Wait for a run to end (~60 s on 2 busy cores: most of it the JVM); its messages."""
     deadline = time.monotonic() + timeout
@@ -159,8 +189,7 @@ def wait_for_run(url: str, run_id: str, log: Path, timeout: float = 150) -> list
         if run["status"] in TERMINAL or time.monotonic() > deadline:
             break
         time.sleep(1)
-    messages = [e.get("message") or "" for e in
-                graphql(url, EVENTS, {"id": run_id})["logsForRun"]["events"]]
+    messages = run_messages(url, run_id)
     assert run["status"] == "SUCCESS", (run, messages[-30:], tail(log))
     return messages
 
@@ -178,6 +207,11 @@ def project(tmp_path: Path) -> Path:
     (root / "sql" / "stats" / "by_count.sql").write_text(BY_COUNT)
     (root / "sql" / "daily").mkdir()
     (root / "sql" / "daily" / "daily.sql").write_text(DAILY)
+    (root / "sql" / "clicks").mkdir()
+    (root / "sql" / "clicks" / "clicks.sql").write_text(CLICKS)
+    for f in range(CLICK_FILES):
+        write_lines(root / "data" / "clicks", f"c{f}.json",
+                    [json.dumps({"u": (f + i) % 4, "n": f * 10 + i}) for i in range(5)])
     write_lines(root / "data" / "events", "f1.json", [json.dumps(r) for r in ROWS])
     return root
 
@@ -210,12 +244,13 @@ def test_dagster_dev_serves_the_graph_and_materializes_through_graphql(tmp_path,
         # -- the asset graph, as the UI reads it -----------------------------------------
         nodes = {"/".join(n["assetKey"]["path"]): n
                  for n in graphql(url, ASSET_GRAPH)["assetNodes"]}
-        assert set(nodes) == {"events", "per_key", "by_count", "daily"}
+        assert set(nodes) == {"events", "per_key", "by_count", "daily", "clicks", "per_user"}
         deps = {k: {"/".join(d["path"]) for d in n["dependencyKeys"]} for k, n in nodes.items()}
         assert deps == {"events": set(), "per_key": {"events"}, "by_count": {"per_key"},
-                        "daily": {"events"}}
+                        "daily": {"events"}, "clicks": set(), "per_user": {"clicks"}}
         assert {k: n["isMaterializable"] for k, n in nodes.items()} == {
-            "events": False, "per_key": True, "by_count": True, "daily": True}
+            "events": False, "per_key": True, "by_count": True, "daily": True,
+            "clicks": False, "per_user": True}
         assert nodes["per_key"]["groupName"] == nodes["by_count"]["groupName"] == "stats"
         assert "__ASSET_JOB" in nodes["per_key"]["jobNames"]
 
@@ -286,6 +321,29 @@ def test_dagster_dev_serves_the_graph_and_materializes_through_graphql(tmp_path,
         (node,) = graphql(url, PARTITIONS)["assetNodes"]
         assert sorted(m["partition"] for m in node["assetMaterializations"]) == [
             "2026-11-01", "2026-11-02"]
+
+        # -- a run whose worker is SIGKILLed after its first batch, retried by the daemon ---
+        gone = time.monotonic() + 60  # the backfill run's JVM has exited
+        while jvms() and time.monotonic() < gone:
+            time.sleep(0.5)
+        params["selector"]["assetSelection"] = [{"path": ["per_user"]}]
+        launched = graphql(url, LAUNCH, {"params": params})["launchRun"]
+        assert launched["__typename"] == "LaunchRunSuccess", launched
+        killed_id = launched["run"]["runId"]
+        deadline = time.monotonic() + 150
+        while not any(m.startswith("[per_user] batch 0:") for m in run_messages(url, killed_id)):
+            assert time.monotonic() < deadline, tail(log)
+            time.sleep(0.3)
+        (jvm,) = jvms()
+        worker = int(Path(f"/proc/{jvm}/stat").read_text().rsplit(")", 1)[1].split()[2])
+        for pid in (worker, jvm):  # the run worker and its Spark driver, at once
+            os.kill(pid, signal.SIGKILL)
+        retry = wait_for_retry(url, killed_id, log)
+        assert graphql(url, RUN, {"id": killed_id})["runOrError"]["status"] == "FAILURE"
+        messages = wait_for_run(url, retry, log)
+        assert not any(m.startswith("[per_user] batch 0:") for m in messages), \
+            "a committed batch is not redone"
+        assert any(m.startswith(f"[per_user] batch {CLICK_FILES - 1}:") for m in messages)
     finally:
         t1 = time.monotonic()
         stopped = stop_session(proc)
@@ -301,6 +359,18 @@ def test_dagster_dev_serves_the_graph_and_materializes_through_graphql(tmp_path,
     assert replay(warehouse, "by_count") == Counter({(4, 1): 1, (3, 2): 1})
     assert {(str(day), n) for (day, n) in replay(warehouse, "daily")} == {
         ("2026-11-01", 5), ("2026-11-02", 5)}
+    # killed and retried: every file counted once (a doubled batch would double a user's
+    # clicks; a lost one would miss them), one batch per file
+    expected: Counter = Counter()
+    for f in range(CLICK_FILES):
+        for i in range(5):
+            expected[(f + i) % 4] += 1
+    totals = {u: sum(f * 10 + i for f in range(CLICK_FILES) for i in range(5) if (f + i) % 4 == u)
+              for u in range(4)}
+    assert replay(warehouse, "per_user") == Counter({(u, expected[u], totals[u]): 1
+                                                     for u in range(4)})
+    assert {e["source"]["batch_id"] for e in changelog_events(warehouse, "per_user")} == \
+        set(range(CLICK_FILES))
 
 
 def test_stop_session_escalates_by_process_id(tmp_path):
