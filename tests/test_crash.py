@@ -97,3 +97,32 @@ def test_sigkill_at_random_moments_loses_and_doubles_nothing(spark, tmp_path):
     for table in TABLES:
         assert replay(crashed / "warehouse", table) == \
             batch_result(spark, sql, {"src": src.relation()}, table)
+
+
+def test_a_stalled_query_is_restarted_and_resumes_exactly_once(spark, tmp_path, monkeypatch):
+    """The runner's watchdog: a catch-up query Spark stops driving is replaced by a new one,
+    which resumes from the batch log (the stall is simulated after the first batch)."""
+    from octo_platform.runtime import runner
+
+    src = RandomInput(5, debezium=True)
+    (tmp_path / "sql").mkdir()
+    (tmp_path / "sql" / "t.sql").write_text(SQL.format(ddl=src.ddl(), fmt="debezium-json"))
+    for i in range(3):
+        write_lines(tmp_path / "data" / "src", f"f{i}.json", src.lines(20))
+    stalls = []
+
+    def stalled(self) -> bool:
+        if not stalls and self.report.batches and not self.busy.locked():
+            stalls.append(self.pipeline.name)
+            return True
+        return False
+
+    monkeypatch.setattr(runner._Query, "stalled", stalled)
+    said: list[str] = []
+    run_tables(spark, tmp_path, until_idle=True, progress=said.append)
+    assert len(stalls) == 1 and any("restarting its streaming query" in m for m in said)
+    sql = (tmp_path / "sql" / "t.sql").read_text()
+    for table in TABLES:
+        assert replay(tmp_path / "warehouse", table) == \
+            batch_result(spark, sql, {"src": src.relation()}, table)
+    assert {b for *_, b in events(tmp_path / "warehouse", "per_k")} == {0, 1, 2}  # per file

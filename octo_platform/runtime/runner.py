@@ -101,6 +101,7 @@ class _Query:
         self.busy = threading.Lock()
         self.error: BaseException | None = None
         self.active_at = time.monotonic()  # last time a batch started or ended
+        self.restarts = 0  # stalled queries replaced (see _catch_up)
         internal = pipeline.layout.internal(pipeline.name)
         self.checkpoint = f"{internal}/checkpoints/{uuid.uuid4().hex}"
 
@@ -160,7 +161,8 @@ class _Query:
 
 _REGISTERED: set[int] = set()
 DEFAULT_PARALLEL = 3  # catch-up queries at once: overlaps start-up and driver work of several
-STALL_S = 600.0  # a catch-up query whose handler Spark has not called for this long is stuck
+STALL_S = 300.0  # a catch-up query whose handler Spark has not called for this long is stuck
+STALL_RESTARTS = 2  # ... and is restarted (it resumes exactly once) this often before failing
 
 
 def _register(spark: SparkSession) -> None:
@@ -207,15 +209,18 @@ def run_tables(
                      for t in tables]
         queries = [_Query(spark, p, report, storage_options) for p in pipelines]
         if until_idle:
-            _catch_up(queries, parallel)
+            _catch_up(queries, parallel, progress)
         else:
             _run_continuously(queries, interval, deadline, progress)
     return report
 
 
-def _catch_up(queries: list[_Query], parallel: int) -> None:
+def _catch_up(queries: list[_Query], parallel: int,
+              progress: Callable[[str], None] | None = None) -> None:
     """Run every query to idle, at most ``parallel`` at once, each once its upstream tables
-    in this run are done (so it sees their output of the same run)."""
+    in this run are done (so it sees their output of the same run). A query Spark stops
+    driving (no batch started for ``STALL_S``) is stopped and started again: the new query
+    resumes from the batch log, so nothing is lost or doubled."""
     by_name = {q.pipeline.name.lower(): q for q in queries}
     deps = {n: {d.lower() for d in q.pipeline.table.definition.deps} & set(by_name)
             for n, q in by_name.items()}
@@ -232,12 +237,20 @@ def _catch_up(queries: list[_Query], parallel: int) -> None:
             for n in finished:
                 _await(by_name[n], running.pop(n))
                 done.add(n)
-            for n in running:
-                if by_name[n].stalled():
+            for n in [n for n in running if by_name[n].stalled()]:
+                q = by_name[n]
+                if q.restarts >= STALL_RESTARTS:
                     raise RunError(
-                        f"streaming table {by_name[n].pipeline.name!r}: Spark's query made no "
-                        f"progress for {STALL_S:.0f}s (no batch started); stopped it. Run "
-                        "again: the next run resumes exactly where this one stopped.")
+                        f"streaming table {q.pipeline.name!r}: Spark's query made no progress "
+                        f"for {STALL_S:.0f}s (no batch started), {q.restarts} time(s) in a "
+                        "row; stopped it. Run again: the next run resumes where this one "
+                        "stopped.")
+                if progress:
+                    progress(f"[{q.pipeline.name}] no batch started for {STALL_S:.0f}s: "
+                             "restarting its streaming query (it resumes exactly once)")
+                _stop_quietly(running[n])
+                q.restarts += 1
+                running[n] = q.start(until_idle=True, interval="0 seconds")
             if not finished:
                 time.sleep(0.05)
     finally:
@@ -245,6 +258,14 @@ def _catch_up(queries: list[_Query], parallel: int) -> None:
             by_name[n].stopping = True
             query.stop()
             by_name[n].cleanup()
+
+
+def _stop_quietly(query) -> None:
+    """Stop a query Spark no longer drives; it may fail to stop within the stop timeout."""
+    try:
+        query.stop()
+    except Exception:  # noqa: BLE001 - a wedged query; its replacement takes over
+        pass
 
 
 def _await(q: _Query, query) -> None:
