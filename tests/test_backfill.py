@@ -312,3 +312,25 @@ def test_dagster_partitions_backfill_and_full_refresh(spark, project):
     check_like_scratch(spark, project)
     assert {e["source"]["batch_id"] for e in changelog_events(project / "warehouse", "daily")} \
         == {0, 1}, "rebuilt: the changelog restarts at batch 0 (2 files per batch)"
+
+
+def test_cli_backfill_and_refresh(spark, project, capsys):
+    from octo_platform.cli import main
+
+    run_tables(spark, project, until_idle=True, progress=None)
+    write_day(project, 3, rows_of(3, 12, seed=9))  # corrected in place
+    args = ["--project", str(project)]
+    assert main(["backfill", "daily", "--from", "2026-11-03", *args]) == 0
+    out = capsys.readouterr().out
+    assert "recomputing 2026-11-03 from the history of batches 0..1" in out
+    assert "row(s) changed in 2026-11-03, published as batch 2" in out
+    assert main(["backfill", "per_k", "--from", "2026-11-03", *args]) == 2
+    assert "declares no partitions" in capsys.readouterr().err
+    assert main(["backfill", "daily", "--from", "yesterday", *args]) == 2
+    assert "'yesterday' is not a daily partition key" in capsys.readouterr().err
+    assert main(["refresh", "per_k", *args]) == 0
+    out = capsys.readouterr().out
+    assert "reset per_k" in out and "reset daily" not in out
+    run_tables(spark, project, until_idle=True, progress=None)  # big reads daily's correction
+    assert main(["backfill", "big", *args]) == 0  # and its own input, day 3, corrected
+    check_like_scratch(spark, project)
