@@ -4,7 +4,9 @@
 available; a table starts once its upstream tables of the run are done (so it sees their
 output of the same run), and up to ``parallel`` tables run at once. Otherwise all tables
 run concurrently until Ctrl-C or ``deadline``; stopping waits for the batch in flight, and
-an interrupted batch is redone exactly once next time.
+an interrupted batch is redone exactly once next time. A catch-up query that Spark stops
+driving (no batch started for ``STALL_S``) is replaced by a fresh one, which resumes from the
+batch log.
 """
 from __future__ import annotations
 
