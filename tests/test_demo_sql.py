@@ -18,6 +18,7 @@ EXPECTED_TABLES = {
     "bid_histogram": "auctions",
     "channel_stats": "bids",
     "whale_bids": "bids",
+    "daily_volume": "bids",
     "category_reserve": "cdc",
     "auction_count": "cdc",
     "local_sellers": "cdc",
