@@ -19,7 +19,7 @@ from deltalake import DeltaTable
 from octo_platform.errors import RunError, SqlError
 from octo_platform.project import load_project
 from octo_platform.runtime.pipeline import RECOMPUTED
-from octo_platform.runtime.recompute import backfill, refresh
+from octo_platform.runtime.recompute import backfill
 from octo_platform.runtime.runner import run_tables
 from octo_platform.wiring import default_environment
 from tests.oracle import (
@@ -91,7 +91,8 @@ def project(tmp_path):
     return root
 
 
-def test_backfill_publishes_corrections_downstream_and_equals_scratch(spark, project):
+def test_backfill_publishes_corrections_downstream_and_equals_scratch(spark, project,
+                                                                       capsys):
     run_tables(spark, project, until_idle=True, progress=None)
     day2 = rows_of(2, 12, seed=2)
     day2[0]["v"] += 5  # a corrected value
@@ -131,10 +132,15 @@ def test_backfill_publishes_corrections_downstream_and_equals_scratch(spark, pro
     assert report.what == "all"
     check_like_scratch(spark, project)
 
-    # Nothing left to correct: a second backfill publishes nothing.
-    again = backfill(spark, project, "daily", window=part.window("2026-11-01", "2026-11-04"),
-                     progress=None)
-    assert again.batch is None and again.rows_changed == 0
+    # Nothing left to correct: a second backfill (from the command line) publishes nothing.
+    from octo_platform.cli import main
+
+    before = version(project, "daily")
+    assert main(["backfill", "daily", "--from", "2026-11-01", "--to", "2026-11-04",
+                 "--project", str(project)]) == 0
+    assert "recomputed 2026-11-01 .. 2026-11-04: 12 rows, nothing differs" in \
+        capsys.readouterr().out
+    assert version(project, "daily") == before
 
 
 class _CrashOnce:
@@ -153,7 +159,10 @@ class _CrashOnce:
         return self.store.write(path, data, **kw)
 
 
-def test_crash_while_publishing_is_finished_by_the_next_run(spark, project, tmp_path):
+def test_crash_while_publishing_is_finished_by_the_next_run(spark, project, tmp_path,
+                                                             capsys):
+    from octo_platform.cli import main
+
     run_tables(spark, project, until_idle=True, progress=None)
     write_day(project, 1, rows_of(1, 10, seed=7))  # day 1 corrected in place
     env = default_environment()
@@ -181,8 +190,9 @@ def test_crash_while_publishing_is_finished_by_the_next_run(spark, project, tmp_
     shutil.copytree(project / "sql", scratch / "sql")
     shutil.copytree(project / "data", scratch / "data")
     run_tables(spark, scratch, until_idle=True, progress=None)
-    report = refresh(spark, project, ["daily"], progress=None)
-    assert {b.table for b in report.batches} == {"daily", "per_k", "big"}
+    assert main(["refresh", "daily", "--project", str(project)]) == 0
+    out = capsys.readouterr().out
+    assert all(f"reset {t}: its next run rebuilds it" in out for t in ("daily", "per_k", "big"))
     for name in TABLES:
         got = Counter((e["op"], norm(e["before"]), norm(e["after"]), e["source"]["batch_id"])
                       for e in changelog_events(project / "warehouse", name))
@@ -314,23 +324,14 @@ def test_dagster_partitions_backfill_and_full_refresh(spark, project):
         == {0, 1}, "rebuilt: the changelog restarts at batch 0 (2 files per batch)"
 
 
-def test_cli_backfill_and_refresh(spark, project, capsys):
+def test_cli_backfill_errors(project, capsys):
     from octo_platform.cli import main
 
-    run_tables(spark, project, until_idle=True, progress=None)
-    write_day(project, 3, rows_of(3, 12, seed=9))  # corrected in place
     args = ["--project", str(project)]
-    assert main(["backfill", "daily", "--from", "2026-11-03", *args]) == 0
-    out = capsys.readouterr().out
-    assert "recomputing 2026-11-03 from the history of batches 0..1" in out
-    assert "row(s) changed in 2026-11-03, published as batch 2" in out
     assert main(["backfill", "per_k", "--from", "2026-11-03", *args]) == 2
     assert "declares no partitions" in capsys.readouterr().err
     assert main(["backfill", "daily", "--from", "yesterday", *args]) == 2
     assert "'yesterday' is not a daily partition key" in capsys.readouterr().err
-    assert main(["refresh", "per_k", *args]) == 0
-    out = capsys.readouterr().out
-    assert "reset per_k" in out and "reset daily" not in out
-    run_tables(spark, project, until_idle=True, progress=None)  # big reads daily's correction
-    assert main(["backfill", "big", *args]) == 0  # and its own input, day 3, corrected
-    check_like_scratch(spark, project)
+    assert main(["backfill", "daily", "--from", "2026-11-03", "--to", "2026-11-02", *args]) == 2
+    assert "comes before" in capsys.readouterr().err
+    assert main(["refresh", "nope", *args]) == 2

@@ -67,15 +67,15 @@ def test_sigkill_at_random_moments_loses_and_doubles_nothing(spark, tmp_path):
            "--project", str(crashed)]
     kills = 0
     log = tmp_path / "runs.log"
-    for _attempt in range(6):
+    for _attempt in range(5):
         with open(log, "ab") as out:  # a file, not a pipe: a full pipe would stall the run
             proc = subprocess.Popen(cmd, env=env, start_new_session=True, stdout=out,
                                     stderr=subprocess.STDOUT)
         try:
-            deadline = time.monotonic() + rng.uniform(9, 24)
+            deadline = time.monotonic() + rng.uniform(9, 20)
             while time.monotonic() < deadline and proc.poll() is None:
                 time.sleep(0.2)
-            if proc.poll() is None and kills < 4:
+            if proc.poll() is None and kills < 3:
                 os.killpg(proc.pid, signal.SIGKILL)  # the JVM and Python workers too
                 proc.wait()
                 kills += 1
