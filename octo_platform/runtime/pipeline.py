@@ -247,6 +247,10 @@ class Pipeline:
 
         scratch = ScratchLayout.for_batch(self.layout, self.name, batch)
         store, plan = self.env.store, self.table.physical
+        if store.version(scratch.current(self.name)) is None:
+            raise RunError(f"{self.name}: batch {batch} publishes a recomputation whose result "
+                           f"is gone ({scratch.warehouse} was deleted); run `octo refresh "
+                           f"{self.name}` to rebuild the table from all input")
         diff = self.recompute_diff(scratch, pinned).persist()
         try:
             events = self.env.encode_changelog(diff, plan.root.columns, plan.pk,
