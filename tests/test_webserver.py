@@ -204,6 +204,10 @@ def project(tmp_path: Path) -> Path:
     (root / "sql" / "stats").mkdir(parents=True)
     (root / "sql" / "sources.sql").write_text(SOURCES)
     (root / "sql" / "stats" / "per_key.sql").write_text(PER_KEY)
+    # a great-expectations check, run by the run worker (a `python -c` process)
+    (root / "sql" / "stats" / "per_key.expectations.json").write_text(json.dumps([
+        {"expectation_type": "expect_column_values_to_be_between",
+         "kwargs": {"column": "n", "min_value": 1}}]))
     (root / "sql" / "stats" / "by_count.sql").write_text(BY_COUNT)
     (root / "sql" / "daily").mkdir()
     (root / "sql" / "daily" / "daily.sql").write_text(DAILY)
@@ -268,6 +272,7 @@ def test_dagster_dev_serves_the_graph_and_materializes_through_graphql(tmp_path,
         ran = time.monotonic() - t0 - ready
         assert any(m.startswith("[per_key] batch 0: 10 rows in") for m in messages), messages
         assert any(m.startswith("[by_count] batch 0:") for m in messages), messages
+        assert "Asset check 'expectations' on 'per_key' passed." in messages, messages
 
         # -- the run worker exits when its run is done, and its Spark JVM with it ---------
         def jvms() -> set[int]:
