@@ -41,7 +41,13 @@ from octo_platform.runtime.pipeline import (
     Pipeline,
     ScratchLayout,
 )
-from octo_platform.runtime.runner import RunReport, lock_tables, resolve_warehouse, run_tables
+from octo_platform.runtime.runner import (
+    RunReport,
+    lock_tables,
+    open_project,
+    resolve_warehouse,
+    run_tables,
+)
 
 if TYPE_CHECKING:
     from pyspark.sql import SparkSession
@@ -81,7 +87,7 @@ def backfill(
     the current query, so a change whose effect lies inside ``window`` is backfilled.
     """
     started = time.monotonic()
-    proj, layout, env = _open(project, warehouse, env, storage_options)
+    proj, layout, env = open_project(project, warehouse, env, storage_options)
     table = proj.table(name)
     part = table.definition.partitioning
     if window is not None and part is None:
@@ -176,16 +182,6 @@ def reset_tables(project: Project, names: list[str], *, warehouse: str | None = 
                     _remove(str(child))
             if progress:
                 progress(f"reset {t}: its next run rebuilds it from all input")
-
-
-def _open(project: str | Path | Project, warehouse: str | None, env: Environment | None,
-          storage_options: dict[str, str] | None) -> tuple[Project, Layout, Environment]:
-    if env is None:
-        from octo_platform.wiring import default_environment
-
-        env = default_environment(storage_options)
-    proj = project if isinstance(project, Project) else load_project(project)
-    return proj, Layout(resolve_warehouse(proj.root, warehouse)), env
 
 
 def _recompute(spark: SparkSession, project: Project, table, live: Pipeline,

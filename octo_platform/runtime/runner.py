@@ -35,7 +35,7 @@ from octo_platform.runtime.pipeline import (
 if TYPE_CHECKING:
     from pyspark.sql import DataFrame, SparkSession
 
-__all__ = ["run_tables", "RunReport", "resolve_warehouse", "lock_tables"]
+__all__ = ["run_tables", "RunReport", "resolve_warehouse", "lock_tables", "open_project"]
 
 
 @dataclass
@@ -56,6 +56,19 @@ def resolve_warehouse(project_root: Path, warehouse: str | None) -> str:
     if "://" in warehouse:
         return warehouse.rstrip("/")
     return str(Path(warehouse).resolve())
+
+
+def open_project(project: str | Path | Project, warehouse: str | None,
+                 env: Environment | None, storage_options: dict[str, str] | None
+                 ) -> tuple[Project, Layout, Environment]:
+    """The project (loaded unless given), its warehouse layout and the environment (the
+    default wiring unless given)."""
+    if env is None:
+        from octo_platform.wiring import default_environment
+
+        env = default_environment(storage_options)
+    proj = project if isinstance(project, Project) else load_project(project)
+    return proj, Layout(resolve_warehouse(proj.root, warehouse)), env
 
 
 class _Lock:
@@ -196,12 +209,7 @@ def run_tables(
     ``deadline`` (a ``time.time()`` value) ends a continuous run cleanly; ``parallel`` caps
     how many catch-up queries run at once.
     """
-    if env is None:
-        from octo_platform.wiring import default_environment
-
-        env = default_environment(storage_options)
-    proj = project if isinstance(project, Project) else load_project(project)
-    layout = Layout(resolve_warehouse(proj.root, warehouse))
+    proj, layout, env = open_project(project, warehouse, env, storage_options)
     tables = proj.order(names)
     os.makedirs(layout.warehouse, exist_ok=True) if "://" not in layout.warehouse else None
     _register(spark)
