@@ -243,8 +243,6 @@ class Pipeline:
         """Batch ``batch`` of a recomputation: the difference between the current table and
         the recomputed one as change events; state and current table become the recomputed
         ones. Every write is idempotent, so a crash in between is finished by the next run."""
-        import pyarrow.compute as pc
-
         scratch = ScratchLayout.for_batch(self.layout, self.name, batch)
         store, plan = self.env.store, self.table.physical
         if store.version(scratch.current(self.name)) is None:
@@ -258,8 +256,7 @@ class Pipeline:
                                                ts_ms=ts_ms).toArrow()
         finally:
             diff.unpersist()
-        counts = pc.value_counts(events.column("op")).to_pylist() if len(events) else []
-        stats.events = {c["values"]: c["counts"] for c in counts}
+        stats.events = _op_counts(events)
         versions = dict(pinned)
         copies = {f"state/{t}": (scratch.state(self.name, t), self.layout.state(self.name, t))
                   for t in plan.state_tables}
@@ -391,8 +388,7 @@ class Pipeline:
             touched = set(pc.unique(events.column("_sb")).to_pylist()) if len(events) else set()
             events = events.drop_columns(["_sb"])
             current = self.current_by_merge(cons, key, touched, pinned)
-        counts = pc.value_counts(events.column("op")).to_pylist() if len(events) else []
-        stats.events = {c["values"]: c["counts"] for c in counts}
+        stats.events = _op_counts(events)
         return events, current
 
     def current_from_aggregate(self, ctx: BatchContext, delta: DataFrame,
@@ -458,6 +454,14 @@ class Pipeline:
             versions["changelog"] = store.write(lay.changelog(self.name), events,
                                                 app_id=APP_ID, batch=batch)
         return versions
+
+
+def _op_counts(events: pa.Table) -> dict[str, int]:
+    """Change events per op (``c``/``u``/``d``) of a batch's encoded changelog."""
+    import pyarrow.compute as pc
+
+    counts = pc.value_counts(events.column("op")).to_pylist() if len(events) else []
+    return {c["values"]: c["counts"] for c in counts}
 
 
 def _sum_weight():
