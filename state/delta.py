@@ -5,17 +5,22 @@ the table already holds it, which makes re-running a half-finished batch idempot
 """
 from __future__ import annotations
 
+import json
 import os
+import time
 from typing import Any, Literal
 from urllib.parse import unquote
 
 import pyarrow as pa
-from deltalake import CommitProperties, DeltaTable, Transaction, write_deltalake
+from deltalake import CommitProperties, DeltaTable, Schema, Transaction, write_deltalake
 from deltalake.exceptions import TableNotFoundError
 from deltalake.fs import DeltaStorageHandler
+from deltalake.transaction import AddAction, RemoveAction, create_table_with_add_actions
 from pyarrow import fs
 
-__all__ = ["DeltaStore"]
+__all__ = ["DeltaStore", "DataFile"]
+
+DataFile = dict[str, Any]  # {"path": relative, "size": bytes, "rows": n, "partition": {...}}
 
 
 def _nullable(table: pa.Table) -> pa.Table:
@@ -137,6 +142,86 @@ class DeltaStore:
         )
         # Single writer per table (the runner holds a lock), so the new version is known.
         return 0 if before is None else before + 1
+
+    def done(self, path: str, *, app_id: str, batch: int) -> bool:
+        """Whether the table already holds batch ``batch`` of ``app_id``."""
+        dt = self._open(path)
+        done = None if dt is None else dt.transaction_version(app_id)
+        return done is not None and int(done) >= batch
+
+    def open_output(self, path: str, relative: str) -> pa.NativeFile:
+        """A new file ``relative`` inside the table directory ``path``, for writing.
+
+        Runs on executors (the store pickles as its storage options): data files are
+        written where the data is, and only their names travel to the driver's commit."""
+        if "://" not in path:
+            target = os.path.join(path, relative)
+            os.makedirs(os.path.dirname(target), exist_ok=True)
+            return fs.LocalFileSystem().open_output_stream(target)
+        handler = fs.PyFileSystem(DeltaStorageHandler(path, self.storage_options))
+        return handler.open_output_stream(relative)
+
+    def commit(
+        self,
+        path: str,
+        files: list[DataFile],
+        *,
+        schema: pa.Schema,
+        app_id: str,
+        batch: int,
+        partition_by: list[str] | None = None,
+        replace: set[int] | Literal["all"] | None = None,
+    ) -> int | None:
+        """Commit data files already written into the table directory as batch ``batch``
+        of ``app_id``, in one Delta commit; the table version afterwards.
+
+        ``replace`` removes, in the same commit, every file of those ``_bucket`` partitions
+        (``"all"``: every file). Skipped when the table already holds the batch; a table that
+        does not exist is created (also with no files)."""
+        dt = self._open(path)
+        if dt is not None:
+            done = dt.transaction_version(app_id)
+            if done is not None and int(done) >= batch:
+                return dt.version()
+        now = int(time.time() * 1000)
+        actions: list[AddAction | RemoveAction] = [
+            AddAction(f["path"], int(f["size"]),
+                      {k: None if v is None else str(v) for k, v in f["partition"].items()},
+                      now, True, json.dumps({"numRecords": int(f["rows"])}))
+            for f in files]
+        props = CommitProperties(app_transactions=[Transaction(app_id=app_id, version=batch)])
+        delta_schema = Schema.from_arrow(_nullable(schema.empty_table()).schema)
+        if dt is None:
+            if "://" not in path:
+                os.makedirs(path, exist_ok=True)
+            create_table_with_add_actions(path, delta_schema, actions, mode="append",
+                                          partition_by=partition_by,
+                                          storage_options=self.storage_options,
+                                          commit_properties=props)
+            return 0
+        if replace is not None:
+            actions += self._removals(dt, replace, now)
+        if not actions:
+            return dt.version()
+        dt.create_write_transaction(actions, "append", delta_schema, partition_by=partition_by,
+                                    commit_properties=props)
+        return dt.version() + 1
+
+    @staticmethod
+    def _removals(dt: DeltaTable, replace: set[int] | Literal["all"],
+                  now: int) -> list[RemoveAction]:
+        actions = pa.table(dt.get_add_actions(flatten=True))
+        if not actions.num_rows:
+            return []
+        paths = actions.column("path").to_pylist()
+        sizes = actions.column("size_bytes").to_pylist()
+        col = "partition._bucket"
+        buckets = (actions.column(col).to_pylist() if col in actions.column_names
+                   else [None] * len(paths))
+        return [RemoveAction(p, True, now, size,
+                             {} if b is None else {"_bucket": str(b)})
+                for p, size, b in zip(paths, sizes, buckets)
+                if replace == "all" or (b is not None and int(b) in replace)]
 
     def compact(self, path: str, *, rewrite: bool) -> None:
         """Drop files no longer in the current version; with ``rewrite``, first merge small

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import os
 import shutil
+import threading
 import time
 from dataclasses import dataclass, field
 from functools import reduce
@@ -31,16 +32,16 @@ from octo_platform.runtime.operators import (
     consolidate,
     evaluate,
     sql_expr,
+    touched_buckets,
 )
+from octo_platform.runtime.writes import Output, write_outputs
 
 if TYPE_CHECKING:
-    import pyarrow as pa
     from pyspark.sql import DataFrame, SparkSession
 
 __all__ = ["Layout", "ScratchLayout", "Environment", "BatchStats", "Pipeline", "input_specs",
            "RECOMPUTED"]
 
-APP_ID = "octo"
 DEFAULT_BUCKETS = 8
 ALL_BUCKETS_BYTES = 1 << 20  # input size from which a batch is assumed to touch every bucket
 MAINTENANCE_EVERY = 25  # batches between vacuuming state and compacting the batch log
@@ -204,11 +205,10 @@ class Pipeline:
         try:
             observed = self.read_inputs(ctx, inputs, stats)
             delta = evaluate(self.table.physical.root, ctx)
-            events, current = self.sink(ctx, delta, pinned, ts_ms, stats)
-            dead = self.settle_inputs(observed, stats)
-            dead_rows = self.dead_letters(dead, batch, ts_ms)
-            stats.dead_letters = 0 if dead_rows is None else dead_rows.num_rows
-            versions = self.commit_writes(ctx, current, events, dead_rows, pinned)
+            events, current = self.sink(ctx, delta, pinned, ts_ms)
+            versions = self.commit_writes(ctx, current, events.rows, pinned)
+            stats.events = events.counts()
+            self.write_dead_letters(self.settle_inputs(observed, stats), batch, ts_ms, stats)
         finally:
             ctx.release()
         stats.seconds = time.monotonic() - started
@@ -249,30 +249,21 @@ class Pipeline:
             raise RunError(f"{self.name}: batch {batch} publishes a recomputation whose result "
                            f"is gone ({scratch.warehouse} was deleted); run `octo refresh "
                            f"{self.name}` to rebuild the table from all input")
-        diff = self.recompute_diff(scratch, pinned).persist()
-        try:
-            events = self.env.encode_changelog(diff, plan.root.columns, plan.pk,
-                                               table=self.name, batch=batch,
-                                               ts_ms=ts_ms).toArrow()
-        finally:
-            diff.unpersist()
-        stats.events = _op_counts(events)
-        versions = dict(pinned)
+        events = _Events(self.env.encode_changelog(
+            self.recompute_diff(scratch, pinned), plan.root.columns, plan.pk,
+            table=self.name, batch=batch, ts_ms=ts_ms))
+        outputs = [Output("changelog", self.layout.changelog(self.name), events.rows)]
         copies = {f"state/{t}": (scratch.state(self.name, t), self.layout.state(self.name, t))
                   for t in plan.state_tables}
         copies["current"] = (scratch.current(self.name), self.layout.current(self.name))
         for key, (src, dst) in copies.items():
-            data = store.read(src)
-            if data is None:
-                schema = store.arrow_schema(dst)
-                if schema is None:
-                    continue
-                data = schema.empty_table()
-            versions[key] = store.write(dst, data, app_id=APP_ID, batch=batch,
-                                        mode="overwrite", partition_by=[BUCKET])
-        if len(events):
-            versions["changelog"] = store.write(self.layout.changelog(self.name), events,
-                                                app_id=APP_ID, batch=batch)
+            if store.version(src) is None and store.version(dst) is None:
+                continue
+            rows = self.read_bucketed(src) if store.version(src) is not None else \
+                self.read_bucketed(dst).limit(0)
+            outputs.append(Output(key, dst, rows, bucketed=True, replace="all"))
+        versions = {**pinned, **write_outputs(outputs, batch=batch, store=store)}
+        stats.events = events.counts()
         stats.seconds = time.monotonic() - started
         self.memo.clear()
         self.log.append(batch, "commit", {"versions": versions, "stats": stats.to_json(),
@@ -283,6 +274,19 @@ class Pipeline:
         if self.progress:
             self.progress(stats.line() + f" (recomputed: {spec.get('what', 'all')})")
         return stats
+
+    def read_bucketed(self, path: str) -> DataFrame:
+        """The latest version of a ``_bucket``-partitioned table, ``_bucket`` included."""
+        files = self.env.store.files(path, self.env.store.version(path))
+        schema = self.env.store.arrow_schema(path)
+        if not files:
+            return self.spark.createDataFrame(schema.empty_table())
+        from pyspark.sql.pandas.types import from_arrow_schema
+
+        data = from_arrow_schema(schema.remove(schema.get_field_index(BUCKET)))
+        bucket = f"CAST(regexp_extract(_metadata.file_path, '{BUCKET}=([0-9]+)', 1) AS INT)"
+        return self.spark.read.schema(data).parquet(*files).selectExpr(
+            *[quote(n) for n in data.names], f"{bucket} AS {BUCKET}")
 
     def maintain(self) -> None:
         """Delete state files older than the last commit and compact the batch log.
@@ -308,17 +312,18 @@ class Pipeline:
             got = inputs.get(source_key(src.kind, src.name))
             dsrc = self.delta_sources.get(src.name.lower()) if src.kind == "source" else None
             if src.kind == "table" or dsrc is not None:
-                rows = (self.upstream_changes(src, got) if dsrc is None
-                        else dsrc.changes(self.spark, got, table=self.name))
-                if got:  # a Delta table can be large; count only what we read
-                    rows = ctx.persist(rows)
-                    n = rows.count()
-                    stats.rows_in += n
-                    size += n * 100
+                if dsrc is None:
+                    rows, files = self.upstream_changes(src, got)
+                    size += _local_bytes(files)
+                else:
+                    rows = dsrc.changes(self.spark, got, table=self.name)
+                    size += ALL_BUCKETS_BYTES if got and got["from"] is None else 0
+                if got:
+                    observed.append(_Observed.watch(src.name, rows, "count(1) AS good",
+                                                    "0L AS bad"))
+                    rows = observed[-1].records
                 ctx.inputs[src.name.lower()] = rows
                 continue
-            from pyspark.sql import Observation
-
             sdef = self.project.source(src.name)
             fsrc = self.env.file_source(sdef, self.project.source_path(sdef))
             files = (got or {}).get("files", [])
@@ -328,29 +333,33 @@ class Pipeline:
             if sdef.format == "csv":
                 # Spark refuses raw-CSV queries that read only the corrupt-record column.
                 records = ctx.persist(records)
-            obs = Observation()
-            records = records.observe(obs, sql_expr("count_if(_reason IS NULL) AS good"),
-                                      sql_expr("count_if(_reason IS NOT NULL) AS bad"))
-            observed.append(_Observed(src.name, obs, records))
+            observed.append(_Observed.watch(src.name, records,
+                                            "count_if(_reason IS NULL) AS good",
+                                            "count_if(_reason IS NOT NULL) AS bad"))
+            records = observed[-1].records
             ctx.inputs[src.name.lower()] = parsed.rows(records.filter("_reason IS NULL"))
         # Any superset of the touched buckets is correct; a large batch touches them all.
         ctx.all_buckets = size > ALL_BUCKETS_BYTES
         return observed
 
     def settle_inputs(self, observed: list[_Observed], stats: BatchStats) -> list[DataFrame]:
-        """Good/bad record counts (observed during the batch) and the dead-letter frames."""
+        """Good/bad record counts (observed while the batch's write job read the inputs) and
+        the dead-letter frames."""
         dead: list[DataFrame] = []
         for o in observed:
             counts = o.counts()
             stats.rows_in += counts["good"]
+            stats.dead_letters += counts["bad"]
             if counts["bad"]:
                 dead.append(o.records.filter("_reason IS NOT NULL").selectExpr(
                     "_raw AS raw", "_file AS source_file", f"'{o.source}' AS source",
                     "_reason AS reason"))
         return dead
 
-    def upstream_changes(self, src: PSource, got: dict[str, Any] | None) -> DataFrame:
-        """Weighted rows of the upstream table's change events between two versions."""
+    def upstream_changes(self, src: PSource, got: dict[str, Any] | None
+                         ) -> tuple[DataFrame, list[str]]:
+        """Weighted rows of the upstream table's change events between two versions, and
+        the changelog files they come from."""
         upstream = self.project.table(src.name)
         path = self.layout.changelog(upstream.name)
         files = self.env.store.added_files(path, got["from"], got["to"]) if got else []
@@ -362,34 +371,26 @@ class Pipeline:
                 raise RunError(f"{self.name}: upstream table {upstream.name!r} has no changelog "
                                "yet; run it first")
             events = self.spark.createDataFrame(schema.empty_table())  # one empty chunk
-        return self.env.decode_changelog(events, src.columns)
+        return self.env.decode_changelog(events, src.columns), files
 
     def sink(self, ctx: BatchContext, delta: DataFrame, pinned: dict[str, int | None],
-             ts_ms: int, stats: BatchStats) -> tuple[pa.Table, list[StagedWrite]]:
+             ts_ms: int) -> tuple[_Events, list[StagedWrite]]:
         """Encode Δ as change events; stage the update of the current-state table."""
-        import pyarrow.compute as pc
-
         plan = self.table.physical
         columns = plan.root.columns
         if plan.keyed_changes:
             events = self.env.encode_keyed(delta, columns, plan.pk, table=self.name,
-                                           batch=ctx.batch, ts_ms=ts_ms).toArrow()
-            current = self.current_from_aggregate(ctx, delta, pinned)
-        else:
-            cons = ctx.persist(consolidate(delta, [quote(c) for c in columns]))
-            encoded = self.env.encode_changelog(cons, columns, plan.pk, table=self.name,
-                                                batch=ctx.batch, ts_ms=ts_ms)
-            # The current-state table is bucketed by primary key (or the whole row); each
-            # event's bucket rides along with the events so no extra job finds them.
-            key = list(plan.pk) if plan.pk is not None else list(columns)
-            ref = ", ".join(f"coalesce(after.{quote(k)}, before.{quote(k)})" for k in key)
-            sb = f"pmod(hash({ref}), {self.buckets})" if key else "0"
-            events = encoded.selectExpr("*", f"{sb} AS _sb").toArrow()
-            touched = set(pc.unique(events.column("_sb")).to_pylist()) if len(events) else set()
-            events = events.drop_columns(["_sb"])
-            current = self.current_by_merge(cons, key, touched, pinned)
-        stats.events = _op_counts(events)
-        return events, current
+                                           batch=ctx.batch, ts_ms=ts_ms)
+            return _Events(events), self.current_from_aggregate(ctx, delta, pinned)
+        # The current-state table is bucketed by primary key (or the whole row).
+        key = list(plan.pk) if plan.pk is not None else list(columns)
+        cons = ctx.persist(consolidate(delta, [quote(c) for c in columns]).selectExpr(
+            "*", f"{bucket_sql(key, self.buckets)} AS {BUCKET}"))
+        touched = touched_buckets(ctx, cons, keyed=bool(key))
+        cons = cons.drop(BUCKET)
+        events = self.env.encode_changelog(cons, columns, plan.pk, table=self.name,
+                                           batch=ctx.batch, ts_ms=ts_ms)
+        return _Events(events), self.current_by_merge(cons, key, touched, pinned)
 
     def current_from_aggregate(self, ctx: BatchContext, delta: DataFrame,
                                pinned: dict[str, int | None]) -> list[StagedWrite]:
@@ -426,66 +427,96 @@ class Pipeline:
             .selectExpr(*cols, f"{bucket_sql(key, self.buckets)} AS {BUCKET}")
         return [StagedWrite("current", rows, sorted(touched))]
 
-    def dead_letters(self, dead: list[DataFrame], batch: int, ts_ms: int) -> pa.Table | None:
+    def write_dead_letters(self, dead: list[DataFrame], batch: int, ts_ms: int,
+                           stats: BatchStats) -> None:
+        """Append the batch's bad records (if any) to the table's dead-letter table."""
         if not dead:
-            return None
+            return
         name = self.name.replace("'", "''")
-        return reduce(lambda a, b: a.unionByName(b), dead).selectExpr(
+        rows = reduce(lambda a, b: a.unionByName(b), dead).selectExpr(
             "raw", "source_file", "source", "reason", f"'{name}' AS table",
-            f"CAST({batch} AS BIGINT) AS batch_id", f"CAST({ts_ms} AS BIGINT) AS ts_ms").toArrow()
+            f"CAST({batch} AS BIGINT) AS batch_id", f"CAST({ts_ms} AS BIGINT) AS ts_ms")
+        write_outputs([Output("dead_letters", self.layout.dead_letters(self.name), rows)],
+                      batch=batch, store=self.env.store)
 
-    def commit_writes(self, ctx: BatchContext, current: list[StagedWrite], events: pa.Table,
-                      dead: pa.Table | None,
+    def commit_writes(self, ctx: BatchContext, current: list[StagedWrite], events: DataFrame,
                       pinned: dict[str, int | None]) -> dict[str, int | None]:
-        """Write everything batch N produced, each write idempotent; the versions after N."""
-        store, lay, batch = self.env.store, self.layout, ctx.batch
-        versions = dict(pinned)
-        for w in ctx.writes:
-            versions[f"state/{w.table}"] = store.write(
-                lay.state(self.name, w.table), w.data.toArrow(), app_id=APP_ID, batch=batch,
-                partition_by=[BUCKET], buckets=w.buckets)
-        for w in current:
-            versions["current"] = store.write(
-                lay.current(self.name), w.data.toArrow(), app_id=APP_ID, batch=batch,
-                partition_by=[BUCKET], buckets=w.buckets or None, mode="overwrite")
-        if dead is not None and dead.num_rows:
-            store.write(lay.dead_letters(self.name), dead, app_id=APP_ID, batch=batch)
-        if len(events) or pinned.get("changelog") is None:
-            versions["changelog"] = store.write(lay.changelog(self.name), events,
-                                                app_id=APP_ID, batch=batch)
-        return versions
-
-
-def _op_counts(events: pa.Table) -> dict[str, int]:
-    """Change events per op (``c``/``u``/``d``) of a batch's encoded changelog."""
-    import pyarrow.compute as pc
-
-    counts = pc.value_counts(events.column("op")).to_pylist() if len(events) else []
-    return {c["values"]: c["counts"] for c in counts}
+        """Write everything batch N produced in one Spark job and commit each table once
+        (idempotently); the versions after N."""
+        store, lay = self.env.store, self.layout
+        staged = [(f"state/{w.table}", lay.state(self.name, w.table), w) for w in ctx.writes]
+        staged += [("current", lay.current(self.name), w) for w in current]
+        outputs = [Output(key, path, w.data, bucketed=True,
+                          replace=None if w.buckets is None else set(w.buckets))
+                   for key, path, w in staged
+                   if w.buckets != [] or pinned.get(key) is None]
+        outputs.append(Output("changelog", lay.changelog(self.name), events))
+        return {**pinned, **write_outputs(outputs, batch=ctx.batch, store=store)}
 
 
 def _sum_weight():
     return sql_expr(f"sum({quote(WEIGHT)}) AS {quote(WEIGHT)}")
 
 
+def _local_bytes(uris: list[str]) -> int:
+    """Bytes of local files (a remote one counts as large: its batch touches every bucket)."""
+    total = 0
+    for uri in uris:
+        path = uri.removeprefix("file://")
+        total += os.path.getsize(path) if "://" not in path and os.path.exists(path) \
+            else ALL_BUCKETS_BYTES
+    return total
+
+
+def _observe(df: DataFrame, *exprs: str) -> tuple[DataFrame, Any]:
+    from pyspark.sql import Observation
+
+    obs = Observation()
+    return df.observe(obs, *[sql_expr(e) for e in exprs]), obs
+
+
+def _metrics(observation: Any, timeout: float = 5.0) -> dict[str, Any] | None:
+    """An observation's metrics, or None if no job has produced them within ``timeout``
+    (``Observation.get`` itself would wait forever)."""
+    got: dict[str, Any] = {}
+    waiter = threading.Thread(target=lambda: got.update(observation.get), daemon=True)
+    waiter.start()
+    waiter.join(timeout)
+    return got or None
+
+
 @dataclass
 class _Observed:
-    """A file source's records, with good/bad counts observed by whichever job reads them."""
+    """An input's records, with good/bad counts observed by the job that reads them."""
 
     source: str
     observation: Any
     records: DataFrame
+    exprs: tuple[str, ...]
+
+    @classmethod
+    def watch(cls, source: str, records: DataFrame, *exprs: str) -> _Observed:
+        observed, observation = _observe(records, *exprs)
+        return cls(source, observation, observed, exprs)
 
     def counts(self) -> dict[str, int]:
-        # Metrics arrive with the first job that read the records; if none did (or they
-        # are late), count with a job of our own rather than wait forever.
-        deadline = time.monotonic() + 2.0
-        future = self.observation._jo.future()
-        while not future.isCompleted() and time.monotonic() < deadline:
-            time.sleep(0.01)
-        if future.isCompleted():
-            got = self.observation.get
-            return {"good": int(got["good"] or 0), "bad": int(got["bad"] or 0)}
-        row = self.records.selectExpr("count_if(_reason IS NULL) AS good",
-                                      "count_if(_reason IS NOT NULL) AS bad").collect()[0]
-        return {"good": int(row["good"]), "bad": int(row["bad"])}
+        got = _metrics(self.observation)
+        if got is None:  # no job read the records: count them with a job of our own
+            got = self.records.selectExpr(*self.exprs).collect()[0].asDict()
+        return {"good": int(got["good"] or 0), "bad": int(got["bad"] or 0)}
+
+
+class _Events:
+    """A batch's change events, counted by op while the write job writes them."""
+
+    EXPRS = tuple(f"count_if(op = '{op}') AS {op}" for op in ("c", "u", "d"))
+
+    def __init__(self, events: DataFrame) -> None:
+        self.unobserved = events
+        self.rows, self.observation = _observe(events, *self.EXPRS)
+
+    def counts(self) -> dict[str, int]:
+        got = _metrics(self.observation)
+        if got is None:  # not written by this attempt (an earlier one committed them)
+            got = self.unobserved.selectExpr(*self.EXPRS).collect()[0].asDict()
+        return {op: int(n) for op, n in got.items() if n}
