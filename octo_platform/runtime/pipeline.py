@@ -14,6 +14,7 @@ import os
 import shutil
 import threading
 import time
+import uuid
 from dataclasses import dataclass, field
 from functools import reduce
 from typing import TYPE_CHECKING, Any, Callable
@@ -113,16 +114,18 @@ class BatchStats:
     events: dict[str, int] = field(default_factory=dict)
     dead_letters: int = 0
     seconds: float = 0.0
+    spark_jobs: int = 0  # Spark jobs the batch ran (its fixed cost is mostly these)
     skipped: bool = False
 
     def line(self) -> str:
         ops = " ".join(f"{op}={self.events.get(op, 0)}" for op in ("c", "u", "d"))
         return (f"[{self.table}] batch {self.batch}: {self.rows_in} rows in, events {ops}, "
-                f"{self.dead_letters} dead letters, {self.seconds:.2f}s")
+                f"{self.dead_letters} dead letters, {self.seconds:.2f}s, {self.spark_jobs} Spark jobs")
 
     def to_json(self) -> dict[str, Any]:
         return {"rows_in": self.rows_in, "events": self.events,
-                "dead_letters": self.dead_letters, "seconds": round(self.seconds, 3)}
+                "dead_letters": self.dead_letters, "seconds": round(self.seconds, 3),
+                "spark_jobs": self.spark_jobs}
 
 
 def input_specs(project: Project, table: CompiledTable, layout: Layout) -> tuple[InputSpec, ...]:
@@ -202,6 +205,7 @@ class Pipeline:
                                            started)
         ctx = BatchContext(self.spark, batch, self.buckets, {}, lambda t, b: self.env.store.files(
             self.layout.state(self.name, t), pinned.get(f"state/{t}"), b), memo=self.memo)
+        jobs = _JobCounter(self.spark, f"octo {self.name} batch {batch}")
         try:
             observed = self.read_inputs(ctx, inputs, stats)
             delta = evaluate(self.table.physical.root, ctx)
@@ -211,6 +215,7 @@ class Pipeline:
             self.write_dead_letters(self.settle_inputs(observed, stats), batch, ts_ms, stats)
         finally:
             ctx.release()
+            stats.spark_jobs = jobs.stop()
         stats.seconds = time.monotonic() - started
         log.append(batch, "commit", {"versions": versions, "stats": stats.to_json(),
                                      "fingerprint": self.fingerprint}, ts_ms)
@@ -456,6 +461,21 @@ class Pipeline:
 
 def _sum_weight():
     return sql_expr(f"sum({quote(WEIGHT)}) AS {quote(WEIGHT)}")
+
+
+class _JobCounter:
+    """Counts the Spark jobs this thread starts (through a job group) until ``stop``."""
+
+    def __init__(self, spark: SparkSession, what: str) -> None:
+        self.sc = spark.sparkContext
+        self.group = f"{what} {uuid.uuid4().hex[:8]}"
+        self.sc.setJobGroup(self.group, what)
+
+    def stop(self) -> int:
+        jobs = len(self.sc.statusTracker().getJobIdsForGroup(self.group))
+        self.sc.setLocalProperty("spark.jobGroup.id", None)  # type: ignore[arg-type]
+        self.sc.setLocalProperty("spark.job.description", None)  # type: ignore[arg-type]
+        return jobs
 
 
 def _local_bytes(uris: list[str]) -> int:
