@@ -1,7 +1,8 @@
 """Keyed-aggregation benchmark: Spark native streaming vs. hand-written Delta MERGE vs. octo.
 
     PYSPARK_PYTHON=$(which python) python benchmarks/keyed_agg.py \
-        [--bids 2000000 --auctions 120000 --files 20 --out /tmp/octo-bench]
+        [--bids 2000000 --auctions 120000 --files 20 --state-keys 100000,2000000 \
+         --state-batch 100000 --out /tmp/octo-bench/keyed_agg]
 
 All contenders read the same parquet file stream (one micro-batch per file) in one SparkSession
 (local[2]) and maintain `SELECT auction, COUNT(*), MAX(price) FROM bids GROUP BY auction`:
@@ -9,24 +10,40 @@ All contenders read the same parquet file stream (one micro-batch per file) in o
   b) spark+merge    (a) plus foreachBatch MERGE of the updated rows into Delta via delta-rs
   c) octo           octo: Debezium changelog + current state + operator state in Delta
 Session startup and a warm-up of every variant on a small separate input (100K bids) are
-excluded from the timings.
+excluded from the timings. Then one 100K-event batch is timed with 100K and with 2M keys
+already in octo's state, and the Spark jobs of a one-batch octo run are counted. Prints the
+issue 9 rows it covers (see benchmarks/README.md); ``benchmarks/bench.py`` runs it with the
+other benchmarks in one session.
 """
 from __future__ import annotations
 
 import argparse
 import json
 import os
-import platform
 import shutil
 import statistics
 import sys
 import time
+from collections.abc import Callable
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
 
 import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
+
+from common import (
+    Target,
+    batch_seconds,
+    count_jobs,
+    env_info,
+    human,
+    log,
+    print_targets,
+    run_octo,
+    session,
+    write_json,
+)
 
 SCHEMA_DDL = "auction BIGINT, bidder BIGINT, price BIGINT, channel STRING, date_time TIMESTAMP"
 QUERY = "SELECT auction, COUNT(*) AS bids, MAX(price) AS top FROM bids GROUP BY auction"
@@ -78,10 +95,15 @@ def _batch_times(query: Any) -> list[float]:
 
 def run_spark_noop(spark: Any, input_dir: Path, workdir: Path) -> dict[str, Any]:
     """(a) native update-mode aggregation into the noop sink."""
-    q = (_stream(spark, input_dir).writeStream.format("noop").outputMode("update")
-         .trigger(availableNow=True).option("checkpointLocation", str(workdir / "ckpt")).start())
-    q.awaitTermination()
-    return {"batch_s": _batch_times(q)}
+    def run() -> Any:
+        q = (_stream(spark, input_dir).writeStream.format("noop").outputMode("update")
+             .trigger(availableNow=True).option("checkpointLocation", str(workdir / "ckpt"))
+             .start())
+        q.awaitTermination()
+        return q
+
+    jobs, q = count_jobs(spark, run)
+    return {"batch_s": _batch_times(q), "spark_jobs": jobs}
 
 
 def run_spark_merge(spark: Any, input_dir: Path, workdir: Path) -> dict[str, Any]:
@@ -122,18 +144,15 @@ def write_octo_project(input_dir: Path, workdir: Path) -> Path:
     return project
 
 
-def run_octo(spark: Any, input_dir: Path, workdir: Path) -> dict[str, Any]:
+def run_octo_contender(spark: Any, input_dir: Path, workdir: Path) -> dict[str, Any]:
     """(c) octo: changelog-producing aggregation with Delta state, one batch per file."""
     from deltalake import DeltaTable
 
-    from octo_platform.runtime.runner import run_tables
-
     project = write_octo_project(input_dir, workdir)
-    report = run_tables(spark, project, warehouse=str(workdir / "warehouse"), until_idle=True,
-                        progress=None)
+    report = run_octo(spark, project, workdir / "warehouse")
     final = DeltaTable(str(workdir / "warehouse" / "_current" / "auction_stats"))
     bids = final.to_pyarrow_table(columns=["bids"])
-    return {"batch_s": [b.seconds for b in report.batches], "result_rows": bids.num_rows,
+    return {"batch_s": batch_seconds(report), "result_rows": bids.num_rows,
             "result_bids": int(bids["bids"].to_numpy().sum())}
 
 
@@ -142,10 +161,10 @@ def measure_batch_vs_state(spark: Any, workdir: Path, batch_events: int = 100_00
     """Time of one ``batch_events`` batch when octo's GROUP BY state already holds N keys.
 
     For each N: one priming file with N distinct auctions builds the state (not timed), then
-    one file of ``batch_events`` bids over keys drawn from those N is processed and timed.
+    one file of ``batch_events`` bids over keys drawn from those N is processed and timed (the
+    run's reported seconds of that batch). The Spark jobs of that one-batch run are counted,
+    and, for the first N, those of a following run with nothing to do (the run's fixed part).
     """
-    from octo_platform.runtime.runner import run_tables
-
     rng = np.random.default_rng(7)
     out: dict[str, Any] = {}
     for n in state_keys:
@@ -155,11 +174,24 @@ def measure_batch_vs_state(spark: Any, workdir: Path, batch_events: int = 100_00
         input_dir.mkdir(parents=True)
         _write_bids(input_dir / "part-00000.parquet", np.arange(n, dtype=np.int64), rng)
         project = write_octo_project(input_dir, work)
-        run_tables(spark, project, warehouse=str(work / "warehouse"), progress=None)
+        t0 = time.perf_counter()
+        run_octo(spark, project, work / "warehouse")
+        log(f"[state] {n} keys primed in {time.perf_counter() - t0:.1f}s")
         keys = rng.integers(0, n, batch_events, dtype=np.int64)
         _write_bids(input_dir / "part-00001.parquet", keys, rng)
-        report = run_tables(spark, project, warehouse=str(work / "warehouse"), progress=None)
-        out[f"batch_s_with_{n}_keys"] = round(report.batches[-1].seconds, 3)
+        warehouse = work / "warehouse"
+        jobs, report = count_jobs(spark, lambda: run_octo(spark, project, warehouse))  # noqa: B023
+        secs = batch_seconds(report)
+        if len(secs) != 1:
+            raise RuntimeError(f"expected one batch, the run reported {len(secs)}")
+        out[f"batch_s_with_{n}_keys"] = round(secs[0], 3)
+        out[f"jobs_one_batch_run_{n}_keys"] = jobs
+        log(f"[state] {batch_events} events over {n} keys: {secs[0]:.2f}s, {jobs} Spark jobs")
+        if n == state_keys[0]:
+            idle, report = count_jobs(
+                spark, lambda: run_octo(spark, project, warehouse))  # noqa: B023
+            out["jobs_idle_run"] = idle
+            out["idle_run_batches"] = len(batch_seconds(report))
     return out
 
 
@@ -199,58 +231,104 @@ def _markdown(results: list[dict[str, Any]]) -> str:
     return "\n".join(lines)
 
 
+CONTENDERS: list[tuple[str, Callable[[Any, Path, Path], Any]]] = [
+    ("a) spark native, noop sink", run_spark_noop),
+    ("b) spark native + delta-rs MERGE", run_spark_merge),
+    ("c) octo", run_octo_contender),
+]
+
+
+def measure(spark: Any, out: Path, *, bids: int = 2_000_000, auctions: int = 120_000,
+            files: int = 20, seed: int = 42, state_keys: tuple[int, ...] = (100_000, 2_000_000),
+            state_batch: int = 100_000) -> dict[str, Any]:
+    """Run the three contenders (after a warm-up) and the batch-vs-state measurement."""
+    input_dir = generate_bids(out / "input", bids, auctions, files, seed)
+    warm_dir = generate_bids(out / "warmup", WARMUP_BIDS, 5_000, 4, seed + 1)
+    for i, (name, fn) in enumerate(CONTENDERS):
+        log(f"[keyed_agg] warm-up {name}")
+        _timed(name, fn, spark, warm_dir, WARMUP_BIDS, out / "runs" / f"warmup-{i}")
+    results = []
+    for i, (name, fn) in enumerate(CONTENDERS):
+        log(f"[keyed_agg] {name}: {bids} bids in {files} files")
+        results.append(_timed(name, fn, spark, input_dir, bids, out / "runs" / f"run-{i}"))
+        log(f"[keyed_agg] {name}: {results[-1]['wall_s']}s, "
+            f"{results[-1]['events_per_s']} events/s")
+    state = measure_batch_vs_state(spark, out / "runs" / "state", state_batch, state_keys)
+    return {"params": {"bids": bids, "auctions": auctions, "files": files, "seed": seed,
+                       "state_keys": list(state_keys), "state_batch": state_batch},
+            "results": results, "batch_vs_state": state}
+
+
+def targets(res: dict[str, Any]) -> list[Target]:
+    """The rows of issue 9's table this benchmark measures."""
+    p, st = res["params"], res["batch_vs_state"]
+    by = {r["contender"][0]: r for r in res["results"]}
+    a, b, c = by["a"], by["b"], by["c"]
+    correct = (c.get("result_bids") == p["bids"] and b.get("result_bids") == p["bids"]
+               and c.get("result_rows") == b.get("result_rows"))
+    status = "ok" if correct else "wrong result"
+    size = f"{human(p['bids'])} bids, {p['files']} batches"
+    rows = [
+        Target("keyed_agg_vs_native_noop",
+               f"keyed aggregation vs Spark native update-mode, noop sink ({size})",
+               "ratio_min", "ev/s", c["events_per_s"], a["events_per_s"], 0.8, status,
+               details={"octo": c, "spark_native_noop": a}),
+        Target("keyed_agg_vs_native_merge",
+               f"keyed aggregation vs Spark native + foreachBatch delta-rs MERGE ({size})",
+               "ratio_min", "ev/s", c["events_per_s"], b["events_per_s"], 1.5, status,
+               details={"octo": c, "spark_native_merge": b}),
+    ]
+    k_small, k_big = p["state_keys"][0], p["state_keys"][-1]
+    t_small, t_big = st[f"batch_s_with_{k_small}_keys"], st[f"batch_s_with_{k_big}_keys"]
+    rows.append(Target(
+        "batch_vs_state",
+        f"one {human(p['state_batch'])}-event batch, {human(k_big)} vs {human(k_small)} keys of "
+        "state (octo vs octo)", "ratio_max", "s", t_big, t_small, 1.3, details=st))
+    run_jobs, idle = st.get(f"jobs_one_batch_run_{k_small}_keys"), st.get("jobs_idle_run")
+    native = a.get("spark_jobs")
+    rows.append(Target(
+        "jobs_keyed_agg", "Spark jobs per batch, keyed aggregation (octo vs Spark native)",
+        "info", "jobs", None if run_jobs is None or idle is None else run_jobs - idle,
+        None if native is None or not a["batches"] else round(native / a["batches"], 1),
+        note=f"octo: a run of one {human(p['state_batch'])}-event batch started {run_jobs} "
+             f"jobs, a run with nothing to do {idle} (the difference is the batch's); Spark "
+             f"native: {native} jobs in a {a['batches']}-batch run, divided by its batches",
+        details={"octo_one_batch_run": run_jobs, "octo_idle_run": idle,
+                 "native_run": native, "native_batches": a["batches"]}))
+    return rows
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--bids", type=int, default=2_000_000)
     ap.add_argument("--auctions", type=int, default=120_000)
     ap.add_argument("--files", type=int, default=20)
     ap.add_argument("--seed", type=int, default=42)
-    ap.add_argument("--out", type=Path, default=Path("/tmp/octo-bench"))
+    ap.add_argument("--state-keys", default="100000,2000000",
+                    help="comma-separated state sizes (keys); the first and last are compared")
+    ap.add_argument("--state-batch", type=int, default=100_000)
+    ap.add_argument("--out", type=Path, default=Path("/tmp/octo-bench/keyed_agg"))
     args = ap.parse_args(argv)
-    os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
 
-    input_dir = generate_bids(args.out / "input", args.bids, args.auctions, args.files, args.seed)
-    warm_dir = generate_bids(args.out / "warmup", WARMUP_BIDS, 5_000, 4, args.seed + 1)
-
-    from octo_platform.runtime.session import spark_session
-
-    # One session, octo's local defaults (local[2], 2 shuffle partitions), for every contender.
-    spark = spark_session(conf={"spark.sql.streaming.numRecentProgressUpdates": "10000"})
-    contenders: list[tuple[str, Callable[[Any, Path, Path], Any]]] = [
-        ("a) spark native, noop sink", run_spark_noop),
-        ("b) spark native + delta-rs MERGE", run_spark_merge),
-        ("c) octo", run_octo),
-    ]
+    spark = session()  # octo's local defaults (local[2], 2 shuffle partitions)
     try:
-        for i, (name, fn) in enumerate(contenders):
-            _timed(name, fn, spark, warm_dir, WARMUP_BIDS, args.out / "runs" / f"warmup-{i}")
-        results = [_timed(name, fn, spark, input_dir, args.bids, args.out / "runs" / f"run-{i}")
-                   for i, (name, fn) in enumerate(contenders)]
-        state_vs_batch = measure_batch_vs_state(spark, args.out / "runs" / "state")
+        env = env_info(spark)
+        res = measure(spark, args.out, bids=args.bids, auctions=args.auctions, files=args.files,
+                      seed=args.seed, state_batch=args.state_batch,
+                      state_keys=tuple(int(k) for k in args.state_keys.split(",")))
     finally:
-        spark_version = spark.version
         spark.stop()
-
-    import deltalake
-
-    report = {"params": {k: (str(v) if isinstance(v, Path) else v) for k, v in vars(args).items()},
-              "env": {"spark": spark_version, "deltalake": deltalake.__version__,
-                      "python": platform.python_version(), "cpus": os.cpu_count()},
-              "results": results, "batch_vs_state": state_vs_batch}
-    (args.out / "results.json").write_text(json.dumps(report, indent=2))
+    rows = targets(res)
+    env["loadavg_end"] = os.getloadavg()
+    write_json(args.out / "results.json", {**res, "env": env,
+                                           "targets": [t.to_json() for t in rows]})
     print(f"\nkeyed_agg: {args.bids} bids, {args.auctions} auctions, {args.files} files "
-          f"(spark {spark_version}, local[2])\n")
-    print(_markdown(results))
-    extras = {r["contender"]: {k: v for k, v in r.items() if k.startswith(("foreach", "result"))}
-              for r in results}
-    print("\nextra:", json.dumps({k: v for k, v in extras.items() if v}))
-    rate = {r["contender"][0]: r.get("events_per_s") for r in results}
-    if all(rate.get(k) for k in "abc"):
-        print(f"octo / (a) = {rate['c'] / rate['a']:.2f}x (target >= 0.5x); "
-              f"octo / (b) = {rate['c'] / rate['b']:.2f}x (target >= 1.0x)")
-    print("batch_vs_state:", json.dumps(state_vs_batch))
-    print(f"results: {args.out / 'results.json'}")
-    return 0
+          f"(spark {env['spark']}, local[2])\n")
+    print(_markdown(res["results"]))
+    print("\nbatch_vs_state:", json.dumps(res["batch_vs_state"]))
+    print_targets(rows, "issue 9 targets (keyed aggregation)")
+    print(f"\nresults: {args.out / 'results.json'}")
+    return 0 if all(t.status == "ok" for t in rows) else 1
 
 
 if __name__ == "__main__":
