@@ -1,15 +1,19 @@
-"""Nexmark q3/q4 benchmark: octo's incremental maintenance vs. recomputing the SQL per batch.
+"""Nexmark q3/q4 benchmark: octo's per-batch time vs. recomputing the SQL as a Spark batch job.
 
-    PYSPARK_PYTHON=$(which python) python benchmarks/nexmark_joins.py \
-        [--bids 1000000 --batches 10 --buckets 8 --out /tmp/octo-bench-joins]
+    PYSPARK_PYTHON=$(which python) python benchmarks/nexmark_joins.py [--scale small|full] \
+        [--history-events N --history-batches N --batch-events N --measured-batches N] \
+        [--buckets N --seed 7 --no-warmup --out /tmp/octo-bench/nexmark_joins]
 
-Input (connectors/generators/nexmark.py, seeded, written once before the run and reused while
-the parameters match): per batch one file per source, Nexmark proportions 1 person : 3
-auctions : 46 bids (Parquet), plus a Debezium JSON feed of a mutable auctions table
-(``auctions_cdc``; with B bids per batch: a snapshot of B/20 rows in batch 0, then per batch
-B/100 creates, B/250 updates and B/500 deletes; updates move rows between categories and
-collapse/raise reserves). Every source has ``max_files_per_batch = '1'``,
-so octo batch i reads file i of each of its sources.
+Scales (issue 9's targets): ``small`` = 1M events of history, then 10K-event batches
+(target: octo per batch ≤ 1× the recompute); ``full`` = 10M events of history, then
+100K-event batches (target ≤ 0.2×). The ``--history-*``/``--batch-*`` options override a
+scale's sizes (e.g. a quick check of the harness).
+
+Input (``benchmarks/nexmark_data.py``, seeded, written once under ``<out>/data`` and reused
+while the parameters match): per batch one file per source, Nexmark proportions 1 person :
+3 auctions : 46 bids (Parquet), plus a Debezium JSON feed of a mutable auctions table
+(``auctions_cdc``). Every source has ``max_files_per_batch = '1'``, so octo batch i reads
+file i of each of its sources.
 
     q3  SELECT p.name, p.city, p.state, a.id FROM auctions_cdc a JOIN persons p
         ON a.seller = p.id WHERE a.category = 10 AND p.state IN ('OR', 'ID', 'CA')
@@ -17,14 +21,21 @@ so octo batch i reads file i of each of its sources.
     q4  SELECT q.category, AVG(q.final) AS avg_final FROM (SELECT a.id, a.category,
         MAX(b.price) AS final FROM auctions a JOIN bids b ON a.id = b.auction
         AND b.price >= a.reserve GROUP BY a.id, a.category) q GROUP BY q.category
-        (append-only auctions and bids: the generator's bids refer to those auctions)
 
-octo runs both streaming tables until idle (q3 then q4, each its own batches). The baseline,
-in the same local[2] SparkSession, runs the same SELECT as a Spark batch query over the input
-prefix of every batch (files 0..i of each source; the CDC feed's live rows are the last event
-per id by file order and line, deletes dropped) into the noop sink and times it. At the end,
-octo's current tables must equal the batch results over all input (as multisets). A warm-up of
-both on a small separate input is excluded from the timings. Results: ``<out>/results.json``.
+Phases, each query (q3, then q4) run on its own with ``run_tables(..., until_idle=True)``:
+  1. history: the history's files (``--history-batches`` large batches) are put in the source
+     directories and octo catches up (timed separately, not part of the target);
+  2. measured: ``--measured-batches`` files of ``--batch-events`` events each are added and
+     octo catches up; the per-batch figure is the median of the run's reported seconds per
+     batch (``BatchStats.seconds``: the batch's start to its last commit);
+  3. jobs: one more file of the same size is added and the Spark jobs of that one-batch run are
+     counted, then those of a run with nothing to do (the run's fixed part);
+  4. recompute: in the same local[2] session, for every measured batch i the same SELECT runs
+     as a Spark batch query over all files up to it (history + measured 0..i; the CDC feed as
+     its live rows: last event per id by file and line, deletes dropped) into the noop sink,
+     timed; the baseline figure is the median;
+  5. check: octo's ``_current`` tables must equal the batch query over all input (multisets).
+A warm-up of both (a tiny history and two batches) runs first and is excluded.
 """
 from __future__ import annotations
 
@@ -32,23 +43,29 @@ import argparse
 import json
 import math
 import os
-import platform
 import shutil
 import statistics
 import sys
 import time
 from collections import Counter
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
 
-from connectors.generators.nexmark import (
-    AUCTIONS_DDL,
-    BIDS_DDL,
-    PERSONS_DDL,
-    NexmarkGenerator,
-    arrow_schema,
-    write_debezium,
-    write_parquet,
+import nexmark_data as nd
+from common import (
+    Target,
+    batch_seconds,
+    batches,
+    count_jobs,
+    env_info,
+    human,
+    jsonable,
+    log,
+    print_targets,
+    run_octo,
+    session,
+    stats,
+    write_json,
 )
 
 Q3 = ("SELECT p.name, p.city, p.state, a.id FROM auctions_cdc a JOIN persons p "
@@ -59,121 +76,141 @@ Q4 = ("SELECT q.category, AVG(q.final) AS avg_final FROM (SELECT a.id, a.categor
 QUERIES = {"q3": Q3, "q4": Q4}
 # Which sources each query reads (each source is read by exactly one of them).
 QUERY_SOURCES = {"q3": ("persons", "auctions_cdc"), "q4": ("auctions", "bids")}
-SOURCES = {  # name -> (DDL, format)
-    "persons": (PERSONS_DDL, "parquet"),
-    "auctions": (AUCTIONS_DDL, "parquet"),
-    "bids": (BIDS_DDL, "parquet"),
-    "auctions_cdc": (AUCTIONS_DDL, "debezium-json"),
+SOURCES = nd.SOURCES
+GEN_VERSION = 2  # 2: benchmarks/nexmark_data.py (vectorized), history + measured batches
+
+# Issue 9's two sizes; `goal`: octo per-batch seconds / recompute seconds must be at most this.
+SCALES: dict[str, dict[str, Any]] = {
+    "small": {"history_events": 1_000_000, "history_batches": 4, "batch_events": 10_000,
+              "measured_batches": 5, "goal": 1.0},
+    "full": {"history_events": 10_000_000, "history_batches": 10, "batch_events": 100_000,
+             "measured_batches": 5, "goal": 0.2},
 }
-GEN_VERSION = 1
-WARMUP = {"bids": 20_000, "batches": 2}
+WARMUP = {"history_events": 20_000, "history_batches": 1, "batch_events": 2_000,
+          "measured_batches": 2}
 
 
 # -- input ------------------------------------------------------------------------------------
-def generate_input(out_dir: Path, bids: int, batches: int, seed: int,
-                   log: Callable[[str], None]) -> dict[str, Any]:
-    """Write the per-batch files of every source (reused if the parameters match).
+def batch_plan(sizes: dict[str, Any]) -> dict[str, list[int]]:
+    """Bids per batch for each phase: history, measured, jobs (one batch)."""
+    h, n = sizes["history_events"], sizes["history_batches"]
+    history = [nd.bids_for_events(h // n + (1 if i < h % n else 0)) for i in range(n)]
+    batch = nd.bids_for_events(sizes["batch_events"])
+    return {"history": history, "measured": [batch] * sizes["measured_batches"],
+            "jobs": [batch]}
 
-    Returns ``{"files": {source: [path per batch]}, "counts": {source: [events per batch]}}``.
+
+def generate_input(data_dir: Path, sizes: dict[str, Any], seed: int) -> dict[str, Any]:
+    """Write every batch's files under ``data_dir`` (reused if the parameters match).
+
+    Returns ``{"files": {source: [path per batch]}, "counts": {source: [events per batch]},
+    "phases": {phase: [batch indexes]}}``.
     """
-    params = {"bids": bids, "batches": batches, "seed": seed, "version": GEN_VERSION}
-    marker = out_dir.with_name(out_dir.name + ".manifest.json")  # outside the dirs read
+    plan = batch_plan(sizes)
+    params = {"plan": plan, "seed": seed, "version": GEN_VERSION}
+    marker = data_dir.with_name(data_dir.name + ".manifest.json")  # outside the dirs read
     if marker.exists():
         manifest = json.loads(marker.read_text())
         if manifest.get("params") == params and all(
                 os.path.exists(f) for fs in manifest["files"].values() for f in fs):
-            log(f"input: reusing {out_dir} ({_total(manifest['counts'])} events)")
+            log(f"input: reusing {data_dir} ({_total(manifest['counts'])} events)")
             return manifest
-    shutil.rmtree(out_dir, ignore_errors=True)
+    shutil.rmtree(data_dir, ignore_errors=True)
     marker.unlink(missing_ok=True)
-    gen = NexmarkGenerator(seed=seed)
+    gen = nd.FastNexmark(seed=seed)
     files: dict[str, list[str]] = {s: [] for s in SOURCES}
     counts: dict[str, list[int]] = {s: [] for s in SOURCES}
-    per_batch = bids // batches
+    phases: dict[str, list[int]] = {}
     t0 = time.perf_counter()
-    for i in range(batches):
-        n_bids = per_batch if i < batches - 1 else bids - per_batch * (batches - 1)
-        gen.begin_round(i)
-        rows = {"persons": gen.persons(max(1, n_bids // 46)),
-                "auctions": gen.auctions(max(1, n_bids * 3 // 46)),
-                "bids": gen.bids(n_bids)}
-        if i == 0:
-            gen.seed_cdc(max(10, n_bids // 20))
-            events = gen.snapshot_events() + gen.auction_changes(
-                0, 0, n_creates=max(1, n_bids // 100))
-        else:
-            events = gen.auction_changes(max(1, n_bids // 250), max(1, n_bids // 500),
-                                         n_creates=max(1, n_bids // 100))
-        for name, data in rows.items():
-            files[name].append(write_parquet(data, out_dir / name,
-                                             schema=arrow_schema(SOURCES[name][0])))
-            counts[name].append(len(data))
-        files["auctions_cdc"].append(write_debezium(events, out_dir / "auctions_cdc"))
-        counts["auctions_cdc"].append(len(events))
-        log(f"input: batch {i + 1}/{batches} written "
-            f"({sum(c[-1] for c in counts.values())} events, {time.perf_counter() - t0:.1f}s)")
-    manifest = {"params": params, "files": files, "counts": counts}
+    i = 0
+    for phase, bids in plan.items():
+        phases[phase] = []
+        for n_bids in bids:
+            data = gen.batch(i, n_bids)
+            for name, path in nd.write_batch(data, data_dir, i).items():
+                files[name].append(path)
+                counts[name].append(nd.count(data[name]))
+            phases[phase].append(i)
+            i += 1
+        log(f"input: {phase} written ({len(bids)} batches, "
+            f"{sum(sum(c[j] for c in counts.values()) for j in phases[phase])} events, "
+            f"{time.perf_counter() - t0:.1f}s so far)")
+    manifest = {"params": params, "files": files, "counts": counts, "phases": phases,
+                "generate_s": round(time.perf_counter() - t0, 1)}
     marker.write_text(json.dumps(manifest))
     return manifest
 
 
-def _total(counts: dict[str, list[int]], sources: tuple[str, ...] | None = None) -> int:
-    return sum(sum(v) for k, v in counts.items() if sources is None or k in sources)
+def _total(counts: dict[str, list[int]], sources: tuple[str, ...] | None = None,
+           idx: list[int] | None = None) -> int:
+    return sum(sum(v if idx is None else [v[i] for i in idx]) for k, v in counts.items()
+               if sources is None or k in sources)
 
 
-def write_project(input_dir: Path, workdir: Path) -> Path:
-    """An octo project with the four sources (one file per batch each) and q3, q4."""
+def release(manifest: dict[str, Any], idx: list[int], input_dir: Path) -> None:
+    """Make batches ``idx`` visible to octo: link their files into the source directories."""
+    for name, paths in manifest["files"].items():
+        d = input_dir / name
+        d.mkdir(parents=True, exist_ok=True)
+        for i in idx:
+            src = Path(paths[i])
+            dst = d / src.name
+            if dst.exists():
+                continue
+            try:
+                os.link(src, dst)
+            except OSError:
+                shutil.copyfile(src, dst)
+
+
+def write_project(input_dir: Path, workdir: Path,
+                  queries: dict[str, str] | None = None) -> Path:
+    """An octo project with the sources of ``queries`` (default q3, q4; one file per batch
+    each) and the queries as streaming tables."""
+    queries = queries or QUERIES
     project = workdir / "project"
     (project / "sql").mkdir(parents=True, exist_ok=True)
+    used = {s for q in queries for s in QUERY_SOURCES[q]}
     decls = []
     for name, (ddl, fmt) in SOURCES.items():
+        if name not in used:
+            continue
         pk = ", primary_key = 'id'" if fmt == "debezium-json" else ""
         decls.append(f"CREATE SOURCE {name} ({ddl})\nWITH (connector = 'files', "
                      f"path = '{(input_dir / name).resolve()}', format = '{fmt}', "
                      f"max_files_per_batch = '1'{pk});\n")
     (project / "sql" / "sources.sql").write_text("\n".join(decls))
-    for name, sql in QUERIES.items():
+    for name, sql in queries.items():
         (project / "sql" / f"{name}.sql").write_text(f"CREATE STREAMING TABLE {name} AS\n{sql};\n")
     return project
 
 
 # -- octo -------------------------------------------------------------------------------------
-def run_octo(spark: Any, project: Path, warehouse: Path, buckets: int,
-             log: Callable[[str], None]) -> dict[str, Any]:
-    """Run q3 then q4 until idle; per table: wall time and per-batch (rows_in, seconds)."""
-    from octo_platform.runtime.runner import run_tables
-
-    out: dict[str, Any] = {}
-    for name in QUERIES:
-        t0 = time.perf_counter()
-        report = run_tables(spark, project, warehouse=str(warehouse), names=[name],
-                            until_idle=True, buckets=buckets, progress=log)
-        wall = time.perf_counter() - t0
-        out[name] = {"wall_s": wall,
-                     "batch_s": [b.seconds for b in report.for_table(name)],
-                     "rows_in": [b.rows_in for b in report.for_table(name)],
-                     "dead_letters": report.dead_letters}
-    return out
+def octo_phase(spark: Any, project: Path, warehouse: Path, name: str, opts: dict[str, Any],
+               count: bool = False) -> dict[str, Any]:
+    """Catch ``name`` up; its wall time, per-batch seconds and rows in (and Spark jobs)."""
+    t0 = time.perf_counter()
+    if count:
+        jobs, report = count_jobs(spark, lambda: run_octo(spark, project, warehouse, [name],
+                                                          **opts))
+    else:
+        jobs, report = None, run_octo(spark, project, warehouse, [name], **opts)
+    return {"wall_s": time.perf_counter() - t0, "batch_s": batch_seconds(report, name),
+            "rows_in": [getattr(b, "rows_in", None) for b in batches(report, name)],
+            "dead_letters": getattr(report, "dead_letters", 0), "jobs": jobs}
 
 
-def state_bytes(warehouse: Path, table: str) -> dict[str, int]:
-    """Bytes under ``_octo/<table>/state`` (everything on disk) and in live files only."""
-    from deltalake import DeltaTable
-
-    root = warehouse / "_octo" / table / "state"
-    on_disk = sum(f.stat().st_size for f in root.rglob("*") if f.is_file())
-    live = 0
-    for op in sorted(p for p in root.iterdir() if p.is_dir()) if root.exists() else []:
-        actions = DeltaTable(str(op)).get_add_actions(flatten=True)
-        live += sum(actions.column("size_bytes").to_pylist())
-    return {"on_disk": on_disk, "live": live}
+def state_bytes(warehouse: Path, table: str) -> int:
+    """Bytes of octo's files for ``table`` beside its changelog and current table."""
+    root = warehouse / "_octo" / table
+    return sum(f.stat().st_size for f in root.rglob("*") if f.is_file()) if root.exists() else 0
 
 
-def octo_result(warehouse: Path, table: str) -> list[dict[str, Any]]:
+def octo_result(warehouse: Path, table: str, columns: list[str]) -> list[dict[str, Any]]:
     from deltalake import DeltaTable
 
     rows = DeltaTable(str(warehouse / "_current" / table)).to_pyarrow_table()
-    return rows.drop_columns([c for c in rows.column_names if c == "_bucket"]).to_pylist()
+    return rows.select(columns).to_pylist()
 
 
 # -- baseline ---------------------------------------------------------------------------------
@@ -206,23 +243,17 @@ def register_prefix(spark: Any, files: dict[str, list[str]], n: int,
          .createOrReplaceTempView(name))
 
 
-def run_baseline(spark: Any, files: dict[str, list[str]], batches: int,
-                 log: Callable[[str], None]) -> dict[str, Any]:
-    """Per query: the time of recomputing it from scratch over each batch prefix."""
-    out: dict[str, Any] = {name: {"batch_s": []} for name in QUERIES}
-    for i in range(batches):
-        for name, sql in QUERIES.items():
-            t0 = time.perf_counter()
-            register_prefix(spark, files, i + 1, QUERY_SOURCES[name])
-            spark.sql(sql).write.format("noop").mode("overwrite").save()
-            took = time.perf_counter() - t0
-            out[name]["batch_s"].append(took)
-            log(f"[baseline {name}] prefix {i + 1}/{batches}: {took:.2f}s")
-    return out
+def recompute(spark: Any, files: dict[str, list[str]], n: int, name: str) -> float:
+    """Seconds to run query ``name`` as a Spark batch job over the first ``n`` files."""
+    t0 = time.perf_counter()
+    register_prefix(spark, files, n, QUERY_SOURCES[name])
+    spark.sql(QUERIES[name]).write.format("noop").mode("overwrite").save()
+    return time.perf_counter() - t0
 
 
-def baseline_result(spark: Any, files: dict[str, list[str]], name: str) -> list[dict[str, Any]]:
-    register_prefix(spark, files, len(files["bids"]), QUERY_SOURCES[name])
+def baseline_result(spark: Any, files: dict[str, list[str]], n: int,
+                    name: str) -> list[dict[str, Any]]:
+    register_prefix(spark, files, n, QUERY_SOURCES[name])
     return [r.asDict() for r in spark.sql(QUERIES[name]).collect()]
 
 
@@ -255,149 +286,166 @@ def same_multiset(got: list[dict[str, Any]], want: list[dict[str, Any]]) -> bool
     return True
 
 
-# -- report -----------------------------------------------------------------------------------
-def _stats(xs: list[float]) -> dict[str, float | None]:
-    if not xs:
-        return {"mean": None, "p50": None, "max": None}
-    return {"mean": round(statistics.fmean(xs), 3), "p50": round(statistics.median(xs), 3),
-            "max": round(max(xs), 3)}
-
-
-def summarize(manifest: dict[str, Any], octo: dict[str, Any], base: dict[str, Any],
-              state: dict[str, Any], checks: dict[str, Any]) -> dict[str, Any]:
-    counts = manifest["counts"]
-    batches = len(counts["bids"])
-    per_query = {}
-    for name in QUERIES:
-        events = _total(counts, QUERY_SOURCES[name])
-        o, b = octo[name]["batch_s"], base[name]["batch_s"]
-        ratios = [r / s for r, s in zip(b, o) if s > 0]
-        expected_rows = [sum(counts[s][i] for s in QUERY_SOURCES[name]) for i in range(batches)]
-        per_query[name] = {
-            "events": events, "octo_wall_s": round(octo[name]["wall_s"], 3),
-            "octo_events_per_s": round(events / octo[name]["wall_s"]),
-            "octo_batches": len(o), "octo_batch_s": _stats(o),
-            "octo_batch_sum_s": round(sum(o), 3),
-            "octo_batches_match_files": octo[name]["rows_in"] == expected_rows,
-            "state_bytes": state[name]["on_disk"], "state_live_bytes": state[name]["live"],
-            "recompute_batch_s": _stats(b), "recompute_sum_s": round(sum(b), 3),
-            "ratio_recompute_over_octo": {**_stats(ratios),
-                                          "last": round(ratios[-1], 2) if ratios else None},
-            "result_rows": checks[name]["rows"], "correct": checks[name]["equal"],
-        }
-    total_events = _total(counts)
-    total_wall = sum(octo[n]["wall_s"] for n in QUERIES)
-    per_batch = []
-    for i in range(batches):
-        row: dict[str, Any] = {"batch": i, "events": sum(c[i] for c in counts.values())}
-        for name in QUERIES:
-            o = octo[name]["batch_s"][i] if i < len(octo[name]["batch_s"]) else None
-            b = base[name]["batch_s"][i]
-            row[f"octo_{name}_s"] = round(o, 3) if o is not None else None
-            row[f"recompute_{name}_s"] = round(b, 3)
-            row[f"ratio_{name}"] = round(b / o, 2) if o else None
-        per_batch.append(row)
-    return {"events": total_events, "events_by_source": {k: sum(v) for k, v in counts.items()},
-            "octo_wall_s": round(total_wall, 3),
-            "octo_events_per_s": round(total_events / total_wall),
-            "queries": per_query, "per_batch": per_batch}
-
-
-def _table(cols: list[str], rows: list[list[Any]]) -> str:
-    lines = ["| " + " | ".join(cols) + " |", "|" + "---|" * len(cols)]
-    lines += ["| " + " | ".join("" if v is None else str(v) for v in r) + " |" for r in rows]
-    return "\n".join(lines)
-
-
-def print_summary(s: dict[str, Any]) -> None:
-    cols = ["query", "events", "octo wall s", "events/s", "batch mean/p50/max s",
-            "state bytes (live)", "recompute mean/p50/max s", "recompute/octo mean / last",
-            "correct"]
-    rows = []
-    for name, q in s["queries"].items():
-        ob, rb, ra = q["octo_batch_s"], q["recompute_batch_s"], q["ratio_recompute_over_octo"]
-        rows.append([name, q["events"], q["octo_wall_s"], q["octo_events_per_s"],
-                     f"{ob['mean']} / {ob['p50']} / {ob['max']}",
-                     f"{q['state_bytes']} ({q['state_live_bytes']})",
-                     f"{rb['mean']} / {rb['p50']} / {rb['max']}",
-                     f"{ra['mean']} / {ra['last']}", q["correct"]])
-    rows.append(["both", s["events"], s["octo_wall_s"], s["octo_events_per_s"],
-                 "", "", "", "", all(q["correct"] for q in s["queries"].values())])
-    print(_table(cols, rows))
-    print("\nper batch (seconds; ratio = recompute / octo):\n")
-    keys = ["batch", "events"] + [f"{p}_{n}{x}" for n in QUERIES
-                                  for p, x in (("octo", "_s"), ("recompute", "_s"), ("ratio", ""))]
-    print(_table(keys, [[r[k] for k in keys] for r in s["per_batch"]]))
-
-
-# -- main -------------------------------------------------------------------------------------
-def run_all(spark: Any, out: Path, name: str, bids: int, batches: int, seed: int,
-            buckets: int, log: Callable[[str], None]) -> dict[str, Any]:
-    manifest = generate_input(out / f"{name}-input", bids, batches, seed, log)
-    workdir = out / "runs" / name
+# -- one scale --------------------------------------------------------------------------------
+def measure(spark: Any, out: Path, label: str, sizes: dict[str, Any], *, seed: int = 7,
+            buckets: int | None = None, count_jobs_phase: bool = True) -> dict[str, Any]:
+    """History, measured batches, a counted one-batch run and the recompute for one size."""
+    manifest = generate_input(out / "data" / label, sizes, seed)
+    files, counts, phases = manifest["files"], manifest["counts"], manifest["phases"]
+    workdir = out / "runs" / label
     shutil.rmtree(workdir, ignore_errors=True)
-    workdir.mkdir(parents=True)
-    project = write_project(out / f"{name}-input", workdir)
+    input_dir = workdir / "input"
+    project = write_project(input_dir, workdir)
     warehouse = workdir / "warehouse"
-    log(f"octo: {name}, {_total(manifest['counts'])} events in {batches} batches")
-    octo = run_octo(spark, project, warehouse, buckets, log)
-    state = {n: state_bytes(warehouse, n) for n in QUERIES}
-    log(f"baseline: {name}, Spark batch query over every prefix")
-    base = run_baseline(spark, manifest["files"], batches, log)
-    checks = {}
-    for n in QUERIES:
-        got, want = octo_result(warehouse, n), baseline_result(spark, manifest["files"], n)
-        checks[n] = {"rows": len(want), "equal": same_multiset(got, want)}
-        log(f"check {n}: octo {len(got)} rows, batch query {len(want)} rows, "
-            f"equal={checks[n]['equal']}")
-    return summarize(manifest, octo, base, state, checks)
+    opts = {} if buckets is None else {"buckets": buckets}
+    res: dict[str, Any] = {"sizes": sizes, "generate_s": manifest.get("generate_s"),
+                           "events": {p: _total(counts, idx=ix) for p, ix in phases.items()},
+                           "queries": {}}
+    qs: dict[str, dict[str, Any]] = {n: {} for n in QUERIES}
+    for phase in ("history", "measured", "jobs") if count_jobs_phase else ("history", "measured"):
+        release(manifest, phases[phase], input_dir)
+        for name in QUERIES:
+            ix = phases[phase]
+            r = octo_phase(spark, project, warehouse, name, opts, count=(phase == "jobs"))
+            r["events"] = _total(counts, QUERY_SOURCES[name], ix)
+            expected = [sum(counts[s][i] for s in QUERY_SOURCES[name]) for i in ix]
+            r["batches_match_files"] = r["rows_in"] == expected
+            if len(r["batch_s"]) != len(ix):
+                raise RuntimeError(f"{name} {phase}: {len(ix)} files per source gave "
+                                   f"{len(r['batch_s'])} batches")
+            qs[name][phase] = r
+            log(f"[{label}] octo {name} {phase}: {len(ix)} batches, {r['events']} events, "
+                f"{r['wall_s']:.1f}s (batches median {statistics.median(r['batch_s']):.2f}s)"
+                + (f", {r['jobs']} Spark jobs" if r["jobs"] is not None else ""))
+        if phase == "jobs":
+            for name in QUERIES:
+                qs[name]["idle"] = r = octo_phase(spark, project, warehouse, name, opts,
+                                                  count=True)
+                log(f"[{label}] octo {name} run with nothing to do: {r['wall_s']:.1f}s, "
+                    f"{r['jobs']} Spark jobs")
+    n_history = len(phases["history"])
+    for name in QUERIES:
+        # Recompute at the same points as octo's measured batches: history + measured 0..i.
+        secs = []
+        for i in range(len(phases["measured"])):
+            secs.append(recompute(spark, files, n_history + i + 1, name))
+        n_all = n_history + len(phases["measured"]) + (len(phases["jobs"]) if count_jobs_phase
+                                                       else 0)
+        jobs, _ = count_jobs(spark, lambda: recompute(spark, files, n_all, name))  # noqa: B023
+        want = baseline_result(spark, files, n_all, name)
+        cols = list(want[0]) if want else []
+        got = octo_result(warehouse, name, cols) if cols else []
+        equal = same_multiset(got, want)
+        o = qs[name]["measured"]["batch_s"]
+        qs[name].update({
+            "recompute_s": secs, "recompute_jobs": jobs,
+            "octo_batch": stats(o), "recompute": stats(secs),
+            "ratio_p50": statistics.median(o) / statistics.median(secs),
+            "result_rows": len(want), "correct": equal, "state_bytes": state_bytes(warehouse, name),
+        })
+        log(f"[{label}] recompute {name}: median {statistics.median(secs):.2f}s over "
+            f"{len(secs)} prefixes, {jobs} Spark jobs; octo median "
+            f"{statistics.median(o):.2f}s; result {len(want)} rows, equal={equal}")
+    res["queries"] = qs
+    return res
+
+
+def warm_up(spark: Any, out: Path, seed: int = 7, buckets: int | None = None) -> None:
+    """Both paths once on a tiny input (JIT, first-use costs), results discarded."""
+    log("[nexmark] warm-up")
+    measure(spark, out, "warmup", WARMUP, seed=seed + 1, buckets=buckets,
+            count_jobs_phase=False)
+
+
+def targets(res: dict[str, Any], goal: float | None, jobs_row: bool = True) -> list[Target]:
+    """Rows of issue 9's table: q3/q4 per batch vs recompute (and q3's Spark jobs)."""
+    sz = res["sizes"]
+    rows = []
+    for name in QUERIES:
+        q = res["queries"][name]
+        rows.append(Target(
+            f"{name}_{human(sz['history_events'])}_{human(sz['batch_events'])}",
+            f"Nexmark {name} per batch vs recompute ({human(sz['history_events'])} events of "
+            f"history, {human(sz['batch_events'])}-event batches)", "ratio_max", "s",
+            q["octo_batch"]["p50"], q["recompute"]["p50"], goal,
+            "ok" if q["correct"] else "wrong result",
+            note=(f"medians of {q['octo_batch']['n']} batches; history load "
+                  f"{q['history']['wall_s']:.0f}s for {q['history']['events']:,} events")
+            if name == "q4" else "",
+            details=q))
+    if jobs_row:
+        q = res["queries"]["q3"]
+        one, idle = q["jobs"]["jobs"], q["idle"]["jobs"]
+        rows.append(Target(
+            "jobs_q3", "Spark jobs per batch, Nexmark q3 (octo vs one recompute)", "info",
+            "jobs", None if one is None or idle is None else one - idle, q["recompute_jobs"],
+            note=f"octo: a run of one {human(sz['batch_events'])}-event batch started {one} "
+                 f"jobs, a run with nothing to do {idle} (the difference is the batch's); "
+                 f"recompute: the jobs of one Spark batch query over all input",
+            details={"one_batch_run": one, "idle_run": idle,
+                     "recompute": q["recompute_jobs"]}))
+    return rows
+
+
+def print_details(res: dict[str, Any]) -> None:
+    cols = ["query", "history events", "history load s", "measured events/batch",
+            "octo batch p50 / max s", "recompute p50 / max s", "octo / recompute",
+            "state bytes", "correct"]
+    lines = ["| " + " | ".join(cols) + " |", "|" + "---|" * len(cols)]
+    for name, q in res["queries"].items():
+        h, m = q["history"], q["measured"]
+        lines.append("| " + " | ".join(str(v) for v in [
+            name, f"{h['events']:,}", f"{h['wall_s']:.1f}",
+            f"{m['events'] // max(1, len(m['batch_s'])):,}",
+            f"{q['octo_batch']['p50']} / {q['octo_batch']['max']}",
+            f"{q['recompute']['p50']} / {q['recompute']['max']}",
+            f"{q['ratio_p50']:.2f}×", f"{q['state_bytes']:,}", q["correct"]]) + " |")
+    print("\n".join(lines))
+
+
+def scale_sizes(args: argparse.Namespace) -> dict[str, Any]:
+    sizes = dict(SCALES[args.scale])
+    for k in ("history_events", "history_batches", "batch_events", "measured_batches"):
+        if getattr(args, k) is not None:
+            sizes[k] = getattr(args, k)
+    return sizes
 
 
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--bids", type=int, default=1_000_000)
-    ap.add_argument("--batches", type=int, default=10)
-    ap.add_argument("--buckets", type=int, default=8)
+    ap.add_argument("--scale", choices=sorted(SCALES), default="small")
+    ap.add_argument("--history-events", type=int)
+    ap.add_argument("--history-batches", type=int)
+    ap.add_argument("--batch-events", type=int)
+    ap.add_argument("--measured-batches", type=int)
+    ap.add_argument("--buckets", type=int, help="run_tables(buckets=...) if it takes it")
     ap.add_argument("--seed", type=int, default=7)
     ap.add_argument("--no-warmup", action="store_true")
-    ap.add_argument("--out", type=Path, default=Path("/tmp/octo-bench-joins"))
+    ap.add_argument("--out", type=Path, default=Path("/tmp/octo-bench/nexmark_joins"))
     args = ap.parse_args(argv)
-    os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
+    sizes = scale_sizes(args)
     args.out.mkdir(parents=True, exist_ok=True)
-    started = time.perf_counter()
-    load_start = os.getloadavg()  # a busy machine (other jobs on 2 cores) skews every timing
 
-    def log(line: str) -> None:
-        print(f"[{time.perf_counter() - started:7.1f}s] {line}", flush=True)
-
-    from octo_platform.runtime.session import spark_session
-
-    spark = spark_session()  # octo's local defaults: local[2], 2 shuffle partitions
+    spark = session()  # octo's local defaults: local[2], 2 shuffle partitions
     try:
+        env = env_info(spark)
         if not args.no_warmup:
-            run_all(spark, args.out, "warmup", WARMUP["bids"], WARMUP["batches"],
-                    args.seed + 1, args.buckets, log)
-        summary = run_all(spark, args.out, "main", args.bids, args.batches, args.seed,
-                          args.buckets, log)
+            warm_up(spark, args.out, args.seed, args.buckets)
+        res = measure(spark, args.out, args.scale, sizes, seed=args.seed, buckets=args.buckets)
     finally:
-        spark_version = spark.version
         spark.stop()
-
-    import deltalake
-
-    report = {"params": {k: (str(v) if isinstance(v, Path) else v) for k, v in vars(args).items()},
-              "env": {"spark": spark_version, "deltalake": deltalake.__version__,
-                      "python": platform.python_version(), "cpus": os.cpu_count(),
-                      "loadavg_start": load_start, "loadavg_end": os.getloadavg()},
-              "queries": QUERIES, **summary}
-    (args.out / "results.json").write_text(json.dumps(report, indent=2))
-    print(f"\nnexmark_joins: {summary['events']} events ({summary['events_by_source']}) in "
-          f"{args.batches} batches (spark {spark_version}, local[2], {args.buckets} buckets; "
-          f"load average {load_start[0]:.1f} at start, {os.getloadavg()[0]:.1f} at end)\n")
-    print_summary(summary)
+    env["loadavg_end"] = os.getloadavg()
+    rows = targets(res, sizes["goal"])
+    write_json(args.out / "results.json", {"params": jsonable(vars(args)), "env": env,
+                                           "queries": QUERIES, **res,
+                                           "targets": [t.to_json() for t in rows]})
+    print(f"\nnexmark_joins ({args.scale}): {res['events']} events by phase "
+          f"(spark {env['spark']}, local[2]; load average {env['loadavg'][0]:.1f} at start, "
+          f"{env['loadavg_end'][0]:.1f} at end)\n")
+    print_details(res)
+    print_targets(rows, f"issue 9 targets (Nexmark joins, scale {args.scale})")
     print(f"\nresults: {args.out / 'results.json'}")
-    ok = all(q["correct"] for q in summary["queries"].values())
-    return 0 if ok else 1
+    return 0 if all(t.status == "ok" for t in rows) else 1
 
 
 if __name__ == "__main__":
