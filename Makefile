@@ -4,7 +4,7 @@ VENV   ?= .venv
 PY     := $(VENV)/bin/python
 STAMP  := $(VENV)/.installed
 
-.PHONY: install demo test bench bench-joins explain clean ui ui-data
+.PHONY: install demo test bench bench-full bench-joins explain clean ui ui-data
 
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -33,11 +33,17 @@ ui-data: $(STAMP)
 	$(PY) -c "from connectors.generators.nexmark import NexmarkGenerator, demo_round; \
 	g = NexmarkGenerator(); [demo_round('.', round_no=i, generator=g) for i in range(3)]"
 
+# Benchmarks (benchmarks/README.md): one table of issue 9's targets. `make bench` takes about
+# 15-20 min on 2 cores; `make bench-full` adds Nexmark at 10M events of history. Extra options:
+# BENCH_ARGS='--quick' (a harness check in minutes), '--only joins', '--out DIR'.
 bench: $(STAMP)
-	PYSPARK_PYTHON=$(abspath $(PY)) $(PY) benchmarks/keyed_agg.py
+	PYSPARK_PYTHON=$(abspath $(PY)) $(PY) benchmarks/bench.py --scale small $(BENCH_ARGS)
+
+bench-full: $(STAMP)
+	PYSPARK_PYTHON=$(abspath $(PY)) $(PY) benchmarks/bench.py --scale full $(BENCH_ARGS)
 
 bench-joins: $(STAMP)
-	PYSPARK_PYTHON=$(abspath $(PY)) $(PY) benchmarks/nexmark_joins.py
+	PYSPARK_PYTHON=$(abspath $(PY)) $(PY) benchmarks/nexmark_joins.py --scale small $(BENCH_ARGS)
 
 clean:
 	rm -rf $(VENV) warehouse .pytest_cache .dagster

@@ -131,6 +131,13 @@ def batch_seconds(report: Any, table: str | None = None) -> list[float]:
     return [float(b.seconds) for b in batches(report, table)]
 
 
+def batch_jobs(report: Any, table: str | None = None) -> list[int] | None:
+    """Spark jobs per batch as the runtime counts them (``BatchStats.spark_jobs``), if it
+    does."""
+    got = [getattr(b, "spark_jobs", None) for b in batches(report, table)]
+    return None if not got or any(j is None for j in got) else got
+
+
 # -- Spark jobs -------------------------------------------------------------------------------
 class JobCounter:
     """Spark jobs started while the ``with`` block ran (any thread, e.g. a streaming query's

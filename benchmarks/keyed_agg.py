@@ -34,6 +34,7 @@ import pyarrow.parquet as pq
 
 from common import (
     Target,
+    batch_jobs,
     batch_seconds,
     count_jobs,
     env_info,
@@ -186,6 +187,7 @@ def measure_batch_vs_state(spark: Any, workdir: Path, batch_events: int = 100_00
             raise RuntimeError(f"expected one batch, the run reported {len(secs)}")
         out[f"batch_s_with_{n}_keys"] = round(secs[0], 3)
         out[f"jobs_one_batch_run_{n}_keys"] = jobs
+        out[f"runtime_jobs_{n}_keys"] = batch_jobs(report)
         log(f"[state] {batch_events} events over {n} keys: {secs[0]:.2f}s, {jobs} Spark jobs")
         if n == state_keys[0]:
             idle, report = count_jobs(
@@ -286,14 +288,17 @@ def targets(res: dict[str, Any]) -> list[Target]:
         "state (octo vs octo)", "ratio_max", "s", t_big, t_small, 1.3, details=st))
     run_jobs, idle = st.get(f"jobs_one_batch_run_{k_small}_keys"), st.get("jobs_idle_run")
     native = a.get("spark_jobs")
+    own = st.get(f"runtime_jobs_{k_small}_keys")
     rows.append(Target(
         "jobs_keyed_agg", "Spark jobs per batch, keyed aggregation (octo vs Spark native)",
         "info", "jobs", None if run_jobs is None or idle is None else run_jobs - idle,
         None if native is None or not a["batches"] else round(native / a["batches"], 1),
         note=f"octo: a run of one {human(p['state_batch'])}-event batch started {run_jobs} "
-             f"jobs, a run with nothing to do {idle} (the difference is the batch's); Spark "
-             f"native: {native} jobs in a {a['batches']}-batch run, divided by its batches",
-        details={"octo_one_batch_run": run_jobs, "octo_idle_run": idle,
+             f"jobs, a run with nothing to do {idle} (the difference is the batch's"
+             + (f"; the runtime's own count for the batch: {own[0]}" if own else "")
+             + f"); Spark native: {native} jobs in a {a['batches']}-batch run, divided by its "
+             "batches",
+        details={"octo_one_batch_run": run_jobs, "octo_idle_run": idle, "octo_runtime": own,
                  "native_run": native, "native_batches": a["batches"]}))
     return rows
 
