@@ -231,7 +231,7 @@ def _num(v: float | None, unit: str) -> str:
     if unit == "s":
         return f"{v:.3f} s" if v < 10 else f"{v:.1f} s"
     if unit == "jobs":
-        return f"{v:g} jobs"
+        return f"{v:g} job" + ("" if v == 1 else "s")
     return f"{v:g} {unit}".strip()
 
 
