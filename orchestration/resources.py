@@ -23,14 +23,20 @@ __all__ = ["SparkResource", "WarehouseResource"]
 class SparkResource(dg.ConfigurableResource):
     """A SparkSession built on first use through ``octo_platform.runtime.session``.
 
-    If a session already runs in this process (a test's, a notebook's), it is the one used:
-    Spark has one session per JVM, and ``spark_session`` gets or creates it.
+    Settings, weakest first: octo's defaults, ``$SPARK_CONF_DIR/spark-defaults.conf`` of the
+    process that builds the session (the run worker), then ``conf`` and ``master`` — the same
+    order as ``octo run --conf``. If a session already runs in this process (a test's, a
+    notebook's), it is the one used: Spark has one session per JVM, and ``spark_session``
+    gets or creates it.
     """
 
-    master: str = Field(default="local[2]", description="Spark master URL")
+    master: Optional[str] = Field(
+        default=None, description="Spark master URL (default: spark.master of "
+        "spark-defaults.conf, else local[2])")
     conf: dict[str, str] = Field(
         default_factory=dict,
-        description="extra Spark conf on top of octo's defaults (e.g. spark.driver.memory)")
+        description="Spark settings; they beat spark-defaults.conf, which beats octo's "
+        "defaults (e.g. spark.driver.memory)")
     _session: Optional[SparkSession] = PrivateAttr(default=None)
 
     def get_session(self) -> SparkSession:

@@ -1,14 +1,26 @@
-"""The one place that builds a SparkSession."""
+"""The one place that builds a SparkSession.
+
+Where a setting comes from, weakest first: octo's defaults (``DEFAULT_CONF``, master
+``local[2]``), then ``spark-defaults.conf`` in ``$SPARK_CONF_DIR`` (else
+``$SPARK_HOME/conf``; pip's pyspark is its own ``SPARK_HOME``), then the caller's ``conf``
+(``octo run --conf``, the Dagster ``SparkResource``) and ``master``. Spark's launcher reads
+``spark-defaults.conf`` itself when the session starts the JVM, but every setting given to the
+builder beats the file; so an octo default is only passed when the file does not set that key.
+"""
 from __future__ import annotations
 
 import os
 import sys
-from typing import TYPE_CHECKING
+from pathlib import Path
+from typing import TYPE_CHECKING, Mapping
 
 if TYPE_CHECKING:
     from pyspark.sql import SparkSession
 
-__all__ = ["spark_session", "DEFAULT_CONF", "QUICK_START_CONF"]
+__all__ = ["spark_session", "session_conf", "spark_defaults_file", "spark_defaults_keys",
+           "DEFAULT_CONF", "DEFAULT_MASTER", "QUICK_START_CONF"]
+
+DEFAULT_MASTER = "local[2]"
 
 DEFAULT_CONF = {
     # Small local machines: 200 shuffle partitions made stateful batches ~16x slower.
@@ -31,15 +43,73 @@ DEFAULT_CONF = {
 QUICK_START_CONF = {"spark.driver.extraJavaOptions": "-XX:TieredStopAtLevel=1 -XX:+UseSerialGC"}
 
 
-def spark_session(*, master: str | None = None, conf: dict[str, str] | None = None,
+def spark_defaults_file(environ: Mapping[str, str] | None = None) -> Path:
+    """The ``spark-defaults.conf`` Spark's launcher reads (it may not exist)."""
+    env = os.environ if environ is None else environ
+    conf_dir = env.get("SPARK_CONF_DIR")
+    if not conf_dir:
+        home = env.get("SPARK_HOME")
+        if not home:
+            import pyspark
+
+            home = str(Path(pyspark.__file__).parent)
+        conf_dir = os.path.join(home, "conf")
+    return Path(conf_dir) / "spark-defaults.conf"
+
+
+def spark_defaults_keys(path: Path) -> set[str]:
+    """The keys a Java properties file sets (what Spark's launcher will apply from it)."""
+    try:
+        text = path.read_text(encoding="utf-8")
+    except (FileNotFoundError, NotADirectoryError):
+        return set()
+    keys = set()
+    continued = False
+    for raw in text.splitlines():
+        line = raw.strip()
+        was_continued, continued = continued, _continues(line)
+        if was_continued or not line or line[0] in "#!":
+            continue  # a continuation line belongs to the value above it
+        key, i = [], 0
+        while i < len(line) and line[i] not in "=: \t\f":
+            if line[i] == "\\" and i + 1 < len(line):
+                i += 1  # an escaped separator is part of the key
+            key.append(line[i])
+            i += 1
+        keys.add("".join(key))
+    return keys
+
+
+def _continues(line: str) -> bool:
+    """Whether a properties line goes on on the next one (an odd run of trailing ``\\``)."""
+    return (len(line) - len(line.rstrip("\\"))) % 2 == 1
+
+
+def session_conf(*, master: str | None = None, conf: Mapping[str, str] | None = None,
+                 app_name: str = "octo",
+                 environ: Mapping[str, str] | None = None) -> dict[str, str]:
+    """The settings octo hands the session builder: its defaults minus the keys
+    ``spark-defaults.conf`` sets (the launcher applies those), then ``conf``, then
+    ``master``."""
+    from_file = spark_defaults_keys(spark_defaults_file(environ))
+    defaults = {"spark.master": DEFAULT_MASTER, "spark.app.name": app_name, **DEFAULT_CONF}
+    settings = {k: v for k, v in defaults.items() if k not in from_file}
+    settings.update(conf or {})
+    if master:
+        settings["spark.master"] = master
+    return settings
+
+
+def spark_session(*, master: str | None = None, conf: Mapping[str, str] | None = None,
                   app_name: str = "octo") -> SparkSession:
-    """Get or create the session: ``local[2]`` unless ``master`` says otherwise."""
+    """Get or create the session: ``local[2]`` unless ``master``, ``conf`` or
+    ``spark-defaults.conf`` say otherwise (see the module docstring for the precedence)."""
     os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
     os.environ.setdefault("PYSPARK_DRIVER_PYTHON", sys.executable)
     from pyspark.sql import SparkSession
 
-    builder = SparkSession.builder.appName(app_name).master(master or "local[2]")
-    for key, value in {**DEFAULT_CONF, **(conf or {})}.items():
+    builder = SparkSession.builder
+    for key, value in session_conf(master=master, conf=conf, app_name=app_name).items():
         builder = builder.config(key, value)
     spark = builder.getOrCreate()
     spark.sparkContext.setLogLevel("FATAL")  # octo reports failures itself
