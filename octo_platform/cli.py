@@ -6,10 +6,23 @@ from __future__ import annotations
 
 import argparse
 import sys
+from typing import TYPE_CHECKING
 
 from octo_platform.errors import OctoError, RunError
 
+if TYPE_CHECKING:
+    from pyspark.sql import SparkSession
+
 __all__ = ["main"]
+
+
+def _conf_pair(text: str) -> tuple[str, str]:
+    """``KEY=VALUE`` of ``--conf`` (the value may contain ``=``)."""
+    key, sep, value = text.partition("=")
+    if not sep or not key.strip():
+        raise argparse.ArgumentTypeError(f"expected KEY=VALUE (e.g. "
+                                         f"spark.sql.shuffle.partitions=8), got {text!r}")
+    return key.strip(), value
 
 
 def _parser() -> argparse.ArgumentParser:
@@ -22,12 +35,18 @@ def _parser() -> argparse.ArgumentParser:
         sp.add_argument("--warehouse", default=None, help="warehouse directory or URI "
                         "(default: <project>/warehouse)")
 
+    def spark_opts(sp: argparse.ArgumentParser) -> None:
+        sp.add_argument("--master", default=None, help="Spark master, e.g. spark://host:7077 "
+                        "(default: spark.master of spark-defaults.conf, else local[2])")
+        sp.add_argument("--conf", dest="conf", action="append", default=[], type=_conf_pair,
+                        metavar="KEY=VALUE", help="a Spark setting (repeatable); beats "
+                        "$SPARK_CONF_DIR/spark-defaults.conf, which beats octo's defaults")
+
     run = sub.add_parser("run", help="run streaming tables")
     run.add_argument("names", nargs="*", metavar="NAME", help="streaming tables to run")
     run.add_argument("--all", action="store_true", help="run every streaming table")
     run.add_argument("--until-idle", action="store_true",
                      help="process everything available, then exit 0")
-    run.add_argument("--master", default=None, help="Spark master (default: local[2])")
     run.add_argument("--buckets", type=int, default=8,
                      help="state buckets per operator (fixed once a table has state)")
     run.add_argument("--interval", default="1 second",
@@ -35,6 +54,7 @@ def _parser() -> argparse.ArgumentParser:
     run.add_argument("--parallel", type=int, default=3,
                      help="with --until-idle: tables run at once, upstream first (default: 3)")
     project_opts(run)
+    spark_opts(run)
 
     explain = sub.add_parser("explain", help="print the logical and physical plan of a table")
     explain.add_argument("name", metavar="NAME")
@@ -49,14 +69,14 @@ def _parser() -> argparse.ArgumentParser:
                           "2026-11-20); without it the whole table is recomputed")
     backfill.add_argument("--to", dest="last", default=None, metavar="KEY",
                           help="last partition to recompute, included (default: --from)")
-    backfill.add_argument("--master", default=None, help="Spark master (default: local[2])")
     project_opts(backfill)
+    spark_opts(backfill)
 
     refresh = sub.add_parser("refresh", help="full refresh: reset tables and everything "
                              "downstream of them, then rebuild them from all input")
     refresh.add_argument("names", nargs="+", metavar="NAME")
-    refresh.add_argument("--master", default=None, help="Spark master (default: local[2])")
     project_opts(refresh)
+    spark_opts(refresh)
 
     reset = sub.add_parser("reset", help="delete a table's changelog, current state and "
                            "operator state so the next run rebuilds it from all input")
@@ -100,6 +120,13 @@ def main(argv: list[str] | None = None) -> int:
     return 2
 
 
+def _session(args: argparse.Namespace) -> SparkSession:
+    """The session of ``--master`` and ``--conf`` (a later ``--conf`` of a key wins)."""
+    from octo_platform.runtime.session import spark_session
+
+    return spark_session(master=args.master, conf=dict(args.conf))
+
+
 def _run(args: argparse.Namespace) -> int:
     from octo_platform.project import load_project
 
@@ -110,9 +137,8 @@ def _run(args: argparse.Namespace) -> int:
     for name in args.names:
         project.table(name)  # unknown names fail before Spark starts
     from octo_platform.runtime.runner import run_tables
-    from octo_platform.runtime.session import spark_session
 
-    spark = spark_session(master=args.master)
+    spark = _session(args)
     report = run_tables(spark, project, warehouse=args.warehouse,
                         names=None if args.all else args.names,
                         until_idle=args.until_idle, buckets=args.buckets,
@@ -148,9 +174,8 @@ def _backfill(args: argparse.Namespace) -> int:
             print(f"octo: error: {e}", file=sys.stderr)
             return 2
     from octo_platform.runtime.recompute import backfill
-    from octo_platform.runtime.session import spark_session
 
-    report = backfill(spark_session(master=args.master), project, table.name, window=window,
+    report = backfill(_session(args), project, table.name, window=window,
                       warehouse=args.warehouse)
     if report.batch is not None:
         print(f"done: {report.rows_changed} row(s) changed in "
@@ -162,12 +187,11 @@ def _backfill(args: argparse.Namespace) -> int:
 def _refresh(args: argparse.Namespace) -> int:
     from octo_platform.project import load_project
     from octo_platform.runtime.recompute import refresh
-    from octo_platform.runtime.session import spark_session
 
     project = load_project(args.project)
     for name in args.names:
         project.table(name)  # unknown names fail before Spark starts
-    report = refresh(spark_session(master=args.master), project, args.names,
+    report = refresh(_session(args), project, args.names,
                      warehouse=args.warehouse)
     print(f"done: {len(report.batches)} batch(es), {report.dead_letters} dead letter(s)")
     return 0

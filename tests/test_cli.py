@@ -1,4 +1,5 @@
-"""The `octo` command: exit codes, errors before any write, progress lines, clean Ctrl-C."""
+"""The `octo` command: exit codes, errors before any write, progress lines, clean Ctrl-C, and
+Spark settings from ``--conf`` and ``$SPARK_CONF_DIR/spark-defaults.conf``."""
 from __future__ import annotations
 
 import json
@@ -9,6 +10,11 @@ import sys
 import time
 from pathlib import Path
 
+import pytest
+
+from octo_platform.cli import main
+from octo_platform.runtime.session import session_conf, spark_defaults_file, spark_defaults_keys
+
 SQL = """CREATE SOURCE bids (auction BIGINT, price BIGINT)
 WITH (connector = 'files', path = 'data/bids', format = 'json');
 CREATE STREAMING TABLE stats AS SELECT auction, COUNT(*) AS n, MAX(price) AS top
@@ -16,8 +22,9 @@ FROM bids GROUP BY auction;
 """
 
 
-def octo(*args: str, cwd: Path, **kw) -> subprocess.CompletedProcess:
-    env = {**os.environ, "PYSPARK_PYTHON": sys.executable}
+def octo(*args: str, cwd: Path, env_extra: dict[str, str] | None = None,
+         **kw) -> subprocess.CompletedProcess:
+    env = {**os.environ, "PYSPARK_PYTHON": sys.executable, **(env_extra or {})}
     return subprocess.run([sys.executable, "-m", "octo_platform.cli", *args], cwd=cwd, env=env,
                           capture_output=True, text=True, timeout=300, **kw)
 
@@ -47,15 +54,82 @@ def test_unknown_table_and_usage(tmp_path):
     assert octo("run", "--until-idle", cwd=root).returncode == 2
     res = octo("explain", "stats", cwd=root)
     assert res.returncode == 0 and "HashAggregate" in res.stdout
+    res = octo("run", "--all", "--until-idle", "--conf", "spark.sql.shuffle.partitions",
+               cwd=root)
+    assert res.returncode == 2 and "argument --conf: expected KEY=VALUE" in res.stderr
+    assert "got 'spark.sql.shuffle.partitions'" in res.stderr
+    assert not (root / "warehouse").exists()
+    for argv in (["backfill", "stats"], ["refresh", "stats"]):
+        with pytest.raises(SystemExit) as exit_:
+            main([*argv, "--conf", "=1"])  # fails while parsing, before Spark starts
+        assert exit_.value.code == 2
 
 
-def test_run_until_idle_then_continuous_with_ctrl_c(tmp_path):
+def test_spark_defaults_keys_are_left_to_the_file(tmp_path):
+    """Octo passes a default only for keys spark-defaults.conf does not set (anything given to
+    the session builder would beat the file); explicit settings beat both."""
+    (tmp_path / "spark-defaults.conf").write_text(
+        "# comment\n! comment\nspark.master  spark://10.0.0.1:7077\n"
+        "spark.sql.shuffle.partitions=16\nspark.driver.memory:8g\n"
+        "spark.executor.extraJavaOptions -Da=1 \\\n  spark.ui.enabled false\n")
+    environ = {"SPARK_CONF_DIR": str(tmp_path)}
+    assert spark_defaults_file(environ) == tmp_path / "spark-defaults.conf"
+    assert spark_defaults_keys(tmp_path / "spark-defaults.conf") == {
+        "spark.master", "spark.sql.shuffle.partitions", "spark.driver.memory",
+        "spark.executor.extraJavaOptions"}  # the continued line is part of a value
+    conf = session_conf(environ=environ, conf={"spark.driver.memory": "2g"})
+    assert "spark.master" not in conf and "spark.sql.shuffle.partitions" not in conf
+    assert conf["spark.driver.memory"] == "2g" and conf["spark.ui.enabled"] == "false"
+    assert session_conf(master="spark://h:1", environ=environ)["spark.master"] == "spark://h:1"
+    assert session_conf(environ={"SPARK_CONF_DIR": str(tmp_path / "none")})["spark.master"] \
+        == "local[2]"
+
+
+def spark_properties(events: Path) -> tuple[dict[str, str], list[int]]:
+    """From a Spark event log: the conf the running SparkContext reported, and the task count
+    of every stage that read a shuffle (one task per shuffle partition)."""
+    logs = list(events.iterdir())
+    assert len(logs) == 1, logs
+    props, tasks = {}, []
+    for line in logs[0].read_text().splitlines():
+        event = json.loads(line)
+        if event["Event"] == "SparkListenerEnvironmentUpdate":
+            props = dict(event["Spark Properties"])
+        elif event["Event"] == "SparkListenerStageCompleted":
+            stage = event["Stage Info"]
+            if any(rdd["Name"] == "ShuffledRowRDD" for rdd in stage["RDD Info"]):
+                tasks.append(stage["Number of Tasks"])
+    return props, tasks
+
+
+def test_run_until_idle_with_spark_conf_then_continuous_with_ctrl_c(tmp_path):
     root = project(tmp_path)
-    res = octo("run", "--all", "--until-idle", "--project", str(root), cwd=tmp_path.parent)
+    # Spark settings, weakest first: octo's defaults < spark-defaults.conf < --conf. The proof
+    # is what the session's SparkContext itself wrote: an event log (which exists only if the
+    # file reached the JVM) with its properties and how many tasks its shuffles ran.
+    conf_dir, events = tmp_path / "spark-conf", tmp_path / "events"
+    conf_dir.mkdir()
+    events.mkdir()
+    (conf_dir / "spark-defaults.conf").write_text(
+        f"# read by Spark's launcher\nspark.eventLog.enabled  true\n"
+        f"spark.eventLog.dir  {events.as_uri()}\n"
+        "spark.eventLog.rolling.enabled false\nspark.eventLog.compress false\n"
+        "spark.sql.shuffle.partitions=3\nspark.driver.maxResultSize 5m\n")
+    res = octo("run", "--all", "--until-idle", "--project", str(root),
+               "--conf", "spark.driver.maxResultSize=1m", "--conf", "spark.octo.probe=a=b",
+               cwd=tmp_path.parent, env_extra={"SPARK_CONF_DIR": str(conf_dir)})
     assert res.returncode == 0, res.stderr
     line = next(ln for ln in res.stdout.splitlines() if ln.startswith("[stats] batch 0"))
     assert "10 rows in" in line and "c=3" in line and "1 dead letters" in line
     assert "done: 1 batch(es), 1 dead letter(s)" in res.stdout
+    props, tasks = spark_properties(events)
+    assert props["spark.sql.shuffle.partitions"] == "3"  # the file beats octo's default 2
+    assert props["spark.driver.maxResultSize"] == "1m"  # --conf beats the file
+    assert props["spark.octo.probe"] == "a=b"
+    assert props["spark.ui.enabled"] == "false"  # octo's defaults fill in the rest
+    assert props["spark.master"] == "local[2]"
+    # and the shuffles that follow spark.sql.shuffle.partitions ran 3 tasks, none octo's 2
+    assert 3 in tasks and 2 not in tasks, tasks
 
     env = {**os.environ, "PYSPARK_PYTHON": sys.executable}
     proc = subprocess.Popen([sys.executable, "-m", "octo_platform.cli", "run", "stats"],
