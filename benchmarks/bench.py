@@ -129,7 +129,7 @@ def main(argv: list[str] | None = None) -> int:
     quick = ", QUICK sizes (harness check only)" if args.quick else ""
     changed = env["runtime_changed_files"]
     octo = (f"octo {env['commit']}" + (f" + {changed} changed runtime files" if changed else "")
-            + f" ({env['runtime']})")
+            if env["commit"] != "?" else f"octo from {env['runtime']} (not a git checkout)")
     title = (f"issue 9 targets — scale {args.scale}{quick}; "
              f"{octo}, spark {env['spark']}, local[2], {env['cpus']} cpus, "
              f"load average {env['loadavg'][0]:.1f} → {env['loadavg_end'][0]:.1f}; "
