@@ -76,6 +76,21 @@ class DeltaStore:
                 out.append(rel if "://" in rel else f"{base}/{rel}")
         return out
 
+    def data_files(self, path: str, version: int | None) -> list[DataFile]:
+        """The data files of a snapshot: ``uri``, ``path`` (relative), ``rows``, ``size``."""
+        dt = None if version is None else self._open(path, version)
+        if dt is None:
+            return []
+        actions = pa.table(dt.get_add_actions(flatten=True))
+        if not actions.num_rows:
+            return []
+        base = dt.table_uri.rstrip("/")
+        return [{"uri": rel if "://" in rel else f"{base}/{rel}", "path": rel, "rows": rows,
+                 "size": size}
+                for rel, rows, size in zip(actions.column("path").to_pylist(),
+                                           actions.column("num_records").to_pylist(),
+                                           actions.column("size_bytes").to_pylist())]
+
     def added_files(self, path: str, from_version: int | None, to_version: int) -> list[str]:
         """Files in ``to_version`` that were not in ``from_version`` (append-only tables)."""
         before = set(self.files(path, from_version)) if from_version is not None else set()
@@ -171,13 +186,15 @@ class DeltaStore:
         batch: int,
         partition_by: list[str] | None = None,
         replace: set[int] | Literal["all"] | None = None,
+        remove: tuple[str, ...] = (),
     ) -> int | None:
         """Commit data files already written into the table directory as batch ``batch``
         of ``app_id``, in one Delta commit; the table version afterwards.
 
         ``replace`` removes, in the same commit, every file of those ``_bucket`` partitions
-        (``"all"``: every file). Skipped when the table already holds the batch; a table that
-        does not exist is created (also with no files)."""
+        (``"all"``: every file); ``remove`` names more files to remove (relative paths, as
+        ``data_files`` gives them). Skipped when the table already holds the batch; a table
+        that does not exist is created (also with no files)."""
         dt = self._open(path)
         if dt is not None:
             done = dt.transaction_version(app_id)
@@ -199,8 +216,8 @@ class DeltaStore:
                                           storage_options=self.storage_options,
                                           commit_properties=props)
             return 0
-        if replace is not None:
-            actions += self._removals(dt, replace, now)
+        if replace is not None or remove:
+            actions += self._removals(dt, replace, set(remove), now)
         if not actions:
             return dt.version()
         dt.create_write_transaction(actions, "append", delta_schema, partition_by=partition_by,
@@ -208,7 +225,7 @@ class DeltaStore:
         return dt.version() + 1
 
     @staticmethod
-    def _removals(dt: DeltaTable, replace: set[int] | Literal["all"],
+    def _removals(dt: DeltaTable, replace: set[int] | Literal["all"] | None, remove: set[str],
                   now: int) -> list[RemoveAction]:
         actions = pa.table(dt.get_add_actions(flatten=True))
         if not actions.num_rows:
@@ -221,7 +238,8 @@ class DeltaStore:
         return [RemoveAction(p, True, now, size,
                              {} if b is None else {"_bucket": str(b)})
                 for p, size, b in zip(paths, sizes, buckets)
-                if replace == "all" or (b is not None and int(b) in replace)]
+                if replace == "all" or p in remove
+                or (replace is not None and b is not None and int(b) in replace)]
 
     def compact(self, path: str, *, rewrite: bool) -> None:
         """Drop files no longer in the current version; with ``rewrite``, first merge small

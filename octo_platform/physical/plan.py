@@ -104,7 +104,7 @@ class PAgg:
 
 @dataclass(frozen=True)
 class PAggregate(PNode):
-    """Group by ``keys`` with accumulators in a keyed state table, bucketed by hash(keys)."""
+    """Group by ``keys`` with accumulators in a keyed change log (``runtime/state_log``)."""
 
     input: PNode = field(default=None)  # type: ignore[assignment]
     keys: tuple[str, ...] = ()
@@ -129,7 +129,7 @@ class PAggregate(PNode):
         keys = ", ".join(quote(k) for k in self.keys) or "() global"
         aggs = ", ".join(f"{a.render()}:{a.strategy}" for a in self.aggs) or "none (distinct)"
         return (f"HashAggregate keys=[{keys}] aggs=[{aggs}] input={self.input.mode} "
-                f"state=[{', '.join(self.state_tables())}]")
+                f"state=[{', '.join(self.state_tables())}] as keyed change logs")
 
 
 @dataclass(frozen=True)
@@ -146,8 +146,8 @@ class PUnion(PNode):
 
 @dataclass(frozen=True)
 class PJoin(PNode):
-    """Delta-rule join: each side's rows by join key with multiplicity in a state table
-    bucketed by hash(join key); outer/semi/anti joins count matches per row."""
+    """Delta-rule join: each side's rows with multiplicity in a log (``runtime/state_log``);
+    outer/semi/anti joins count matches per row."""
 
     left: PNode = field(default=None)  # type: ignore[assignment]
     right: PNode = field(default=None)  # type: ignore[assignment]
@@ -172,7 +172,7 @@ class PJoin(PNode):
         residual = f" residual=({self.residual})" if self.residual else ""
         return (f"{self.kind.capitalize()}Join strategy=delta-rule keys=[{keys}]{residual} "
                 f"inputs={self.left.mode}/{self.right.mode} "
-                f"state=[{', '.join(self.state_tables())}] by hash(key)")
+                f"state=[{', '.join(self.state_tables())}] as logs of weighted rows")
 
 
 @dataclass(frozen=True)

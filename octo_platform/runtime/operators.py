@@ -1,8 +1,10 @@
 """Incremental operators: each turns its input's weighted rows (Δ) into output Δ with Spark.
 
-Stateful operators read the state rows of the buckets a batch touches (pinned to the
-versions the previous batch committed), compute new state and output, and stage the new
-contents of those buckets; the pipeline commits all staged writes after the batch.
+Stateful operators read the state of the keys a batch touches (pinned to the versions the
+previous batch committed), compute new state and output, and stage their state changes;
+the pipeline writes all staged changes in one job and commits them after the batch.
+Aggregates and joins keep their state as a log of changes (``state_log``); top-N rewrites
+the hash buckets its partitions fall in.
 
 Expressions are built as Spark SQL text (one JVM call per projection, not one per column):
 on a small machine the Python-to-JVM round trips otherwise cost more than the data work.
@@ -11,7 +13,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 from functools import reduce
-from typing import TYPE_CHECKING, Any, Protocol
+from typing import TYPE_CHECKING, Any, Callable, Protocol
 
 from octo_platform.logical.plan import quote
 from octo_platform.physical.plan import (
@@ -24,6 +26,15 @@ from octo_platform.physical.plan import (
     PUnion,
 )
 from octo_platform.runtime.columns import BUCKET, COUNT, WEIGHT
+from octo_platform.runtime.state_log import (
+    BATCH,
+    StateFile,
+    compaction,
+    latest,
+    merge_keyed,
+    merge_weighted,
+    read_log,
+)
 
 if TYPE_CHECKING:
     from pyspark.sql import DataFrame, SparkSession
@@ -42,11 +53,15 @@ class StateReader(Protocol):
 
 @dataclass
 class StagedWrite:
-    """New contents of some buckets of a state table; ``buckets`` None appends ``data``."""
+    """Rows for a state table: with ``buckets``, the new contents of those ``_bucket``
+    partitions; without, rows appended to a state log (``prefix`` ``delta``, or ``base``
+    for a full compaction), with ``remove`` naming the files a compaction replaces."""
 
     table: str
     data: DataFrame
     buckets: list[int] | None
+    remove: tuple[str, ...] = ()
+    prefix: str = "delta"
 
 
 @dataclass
@@ -56,9 +71,8 @@ class BatchContext:
     buckets: int
     inputs: dict[str, DataFrame]
     state_files: StateReader
+    state_log: Callable[[str], list[StateFile]] = lambda table: []  # a log's pinned files
     memo: dict[str, Any] = field(default_factory=dict)  # per-pipeline, survives batches
-    # per aggregate: its new result rows (+ bucket) in the touched buckets, and those buckets
-    results: dict[str, tuple[DataFrame | None, list[int]]] = field(default_factory=dict)
     all_buckets: bool = False  # a large batch touches every bucket: skip finding which
     writes: list[StagedWrite] = field(default_factory=list)
     persisted: list[DataFrame] = field(default_factory=list)
@@ -78,6 +92,15 @@ class BatchContext:
         if not files:
             return self.spark.createDataFrame([], schema)
         return self.spark.read.schema(schema).parquet(*files)
+
+    def compact(self, table: str, merge: Callable[[list[StateFile], bool], DataFrame]) -> None:
+        """Stage this batch's compaction of a state log, if it is due (``state_log``)."""
+        due = compaction(self.state_log(table))
+        if due is not None:
+            files, full = due
+            self.writes.append(StagedWrite(table, merge(files, full), None,
+                                           tuple(f["path"] for f in files),
+                                           "base" if full else "delta"))
 
 
 def bucket_sql(keys: list[str] | tuple[str, ...], buckets: int) -> str:
@@ -189,42 +212,32 @@ class _Aggregate:
     def run(self, delta: DataFrame) -> DataFrame:
         node, ctx = self.node, self.ctx
         shape = self.shape(delta)
-        bucket = bucket_sql(node.keys, ctx.buckets)
         if shape.ms_schemas:
             delta = ctx.persist(delta)  # read by the multisets too
         grouped = delta.groupBy(*self.keys).agg(*[sql_expr(e) for e in shape.delta_exprs])
-        dagg = ctx.persist(grouped.selectExpr("*", f"{bucket} AS {BUCKET}"))
-        touched = touched_buckets(ctx, dagg, keyed=bool(self.keys))
-        ctx.results[node.id] = (None, [])
-        if not touched:
-            return ctx.spark.createDataFrame([], shape.out_schema).selectExpr(
-                "*", f"CAST(0 AS BIGINT) AS {W}")
-        old = ctx.read_state(node.id, shape.state_schema, touched)
+        dagg = ctx.persist(grouped)
+        names = list(node.keys)
+        alive = f"{COUNT} != 0" if self.keys else None  # a group whose count is 0 is gone
+        old = latest(ctx.spark, ctx.state_log(node.id), shape.state_schema, names,
+                     wanted=dagg.select(*self.keys) if self.keys else None, alive=alive)
+        ctx.compact(node.id, lambda files, full: merge_keyed(
+            ctx.spark, files, shape.state_schema, names, full=full, alive=alive))
         d = dagg
         for i in shape.ms_schemas:
-            result = self.multiset(i, delta, touched, shape.ms_schemas[i])
+            result = self.multiset(i, delta, shape.ms_schemas[i])
             on = " AND ".join(f"d.{k} <=> r.{k}" for k in self.keys) or "true"
             d = (d.alias("d").join(result.alias("r"), sql_expr(on), "left")
                  .selectExpr("d.*", f"r.r{i} AS r{i}"))
         on = " AND ".join(f"o.{k} <=> d.{k}" for k in self.keys) or "true"
         joined = old.alias("o").join(d.alias("d"), sql_expr(on), "full_outer")
         table = ctx.persist(joined.selectExpr(*self.merge_exprs(shape)))
-        keep = "true" if not self.keys else f"n{COUNT} != 0"
-        new_state = table.filter(keep).selectExpr(
+        # Every group the batch touched gets its new row (count 0: a tombstone).
+        new_state = table.filter("_touched").selectExpr(
             *self.keys, f"n{COUNT} AS {COUNT}",
             *[f"n{f.name} AS {f.name}" for f in shape.state_schema.fields[len(self.keys) + 1:]],
-            BUCKET)
-        ctx.writes.append(StagedWrite(node.id, new_state, sorted(touched)))
-        ctx.results[node.id] = (self.result_rows(table, shape), sorted(touched))
+            f"CAST({ctx.batch} AS BIGINT) AS {BATCH}")
+        ctx.writes.append(StagedWrite(node.id, new_state, None))
         return self.output(table, shape)
-
-    def result_rows(self, table: DataFrame, shape: _AggShape) -> DataFrame:
-        """The aggregate's current result rows in the touched buckets, with their bucket."""
-        exists = f"n{COUNT} > 0" if self.keys else "true"
-        types = [f.dataType.simpleString() for f in shape.out_schema.fields]
-        return table.filter(exists).selectExpr(
-            *[f"CAST({v} AS {t}) AS {quote(n)}"
-              for v, t, n in zip(self.values("n"), types, self.node.columns)], BUCKET)
 
     def merge_exprs(self, shape: _AggShape) -> list[str]:
         """Old and new accumulators side by side for every row of the touched buckets."""
@@ -245,28 +258,32 @@ class _Aggregate:
                 result = f"coalesce(d.r{i}, 0)" if a.func == "count" else f"d.r{i}"
                 new = f"CASE WHEN {touched} THEN {result} ELSE o.{name} END"
             exprs += [f"o.{name} AS o{name}", f"{new} AS n{name}"]
-        key = ", ".join(f"coalesce(o.{k}, d.{k})" for k in self.keys)
-        exprs.append(f"pmod(hash({key}), {self.ctx.buckets}) AS {BUCKET}" if key
-                     else f"0 AS {BUCKET}")
         return exprs
 
-    def multiset(self, i: int, delta: DataFrame, touched: set[int], schema: Any) -> DataFrame:
-        """Update the (keys, value) -> count table of aggregate ``i``; per-group result."""
+    def multiset(self, i: int, delta: DataFrame, schema: Any) -> DataFrame:
+        """Update the (keys, value) -> count log of aggregate ``i``; per-group result over
+        every value of the groups the batch touched."""
         node, ctx = self.node, self.ctx
         a = node.aggs[i]
         table = node.multiset_table(i)
         x = quote(a.arg)
-        dv = (delta.filter(f"{x} IS NOT NULL")
-              .groupBy(*self.keys, sql_expr(f"{x} AS v"))
-              .agg(sql_expr(f"sum({W}) AS dcnt")))
-        old = ctx.read_state(table, schema, touched)
+        dv = ctx.persist(delta.filter(f"{x} IS NOT NULL")
+                         .groupBy(*self.keys, sql_expr(f"{x} AS v"))
+                         .agg(sql_expr(f"sum({W}) AS dcnt")))
+        names = [*node.keys, "v"]
+        # Every value of every group the batch touches (also groups whose Δ values are NULL).
+        old = latest(ctx.spark, ctx.state_log(table), schema, names,
+                     wanted=delta.select(*self.keys) if self.keys else None, alive="cnt != 0")
+        ctx.compact(table, lambda files, full: merge_keyed(
+            ctx.spark, files, schema, names, full=full, alive="cnt != 0"))
         on = " AND ".join(f"o.{c} <=> d.{c}" for c in [*self.keys, "v"])
-        merged = old.alias("o").join(dv.alias("d"), sql_expr(on), "full_outer").selectExpr(
-            *[f"coalesce(o.{c}, d.{c}) AS {c}" for c in [*self.keys, "v"]],
-            "coalesce(o.cnt, 0) + coalesce(d.dcnt, 0) AS cnt")
-        merged = ctx.persist(merged.filter("cnt != 0").selectExpr(
-            "*", f"{bucket_sql(node.keys, ctx.buckets)} AS {BUCKET}"))
-        ctx.writes.append(StagedWrite(table, merged, sorted(touched)))
+        merged = ctx.persist(old.alias("o").join(dv.alias("d"), sql_expr(on), "full_outer")
+                             .selectExpr(*[f"coalesce(o.{c}, d.{c}) AS {c}"
+                                           for c in [*self.keys, "v"]],
+                                         "coalesce(o.cnt, 0) + coalesce(d.dcnt, 0) AS cnt",
+                                         "d.dcnt IS NOT NULL AS _changed"))
+        ctx.writes.append(StagedWrite(table, merged.filter("_changed").selectExpr(
+            *self.keys, "v", "cnt", f"CAST({ctx.batch} AS BIGINT) AS {BATCH}"), None))
         fn = "count" if a.func == "count" else a.func
         return merged.filter("cnt > 0").groupBy(*self.keys).agg(sql_expr(f"{fn}(v) AS r{i}"))
 
@@ -311,9 +328,6 @@ def consolidate(df: DataFrame, columns: list[str], weight: str = W) -> DataFrame
         f"{weight} != 0")
 
 
-COMPACT_EVERY = 10  # batches between rewrites of a join's state (appends in between)
-
-
 def touched_buckets(ctx: BatchContext, df: DataFrame, keyed: bool) -> set[int]:
     """Buckets the rows of ``df`` fall in. Any superset is correct (untouched rows are
     rewritten as they were), so a large batch takes every bucket and skips the job."""
@@ -330,8 +344,9 @@ def positional(names: list[str] | tuple[str, ...]) -> list[str]:
 class _Join:
     """Delta-rule join over updating inputs.
 
-    Each side's state holds its rows with multiplicity (``_n``), bucketed by hash of the
-    join key, so a batch reads and rewrites only the buckets its keys fall in. Per side, one
+    Each side's state is a log of its rows with multiplicity (``_n``); a batch appends its
+    Δ, and reads only the rows that join its keys (a broadcast join or semi-join when the
+    batch is small, so the state is scanned, never shuffled). Per side, one
     aggregate lines up every row of those buckets with its old and new multiplicity
     (``_lo``/``_ln``, ``_ro``/``_rn``); the matched part is Δ(L⋈R) = ΔL⋈R_old + L_new⋈ΔR.
     Outer, semi and anti joins also compare, for the keys the batch touched, each row's
@@ -372,9 +387,6 @@ class _Join:
                 for k, t, c in zip(self.keys[s], types, self.kcols(s))]
         return df.selectExpr("*", *keys)
 
-    def bucket(self, s: str) -> str:
-        return f"pmod(hash({', '.join(self.kcols(s))}), {self.ctx.buckets})"
-
     def run(self, ldelta: DataFrame, rdelta: DataFrame) -> DataFrame:
         node, ctx = self.node, self.ctx
         frames = {"l": ldelta.toDF(*self.names["l"], "_lw"),
@@ -382,31 +394,19 @@ class _Join:
         types = self.key_types(frames["l"], frames["r"])
         schemas = {s: frames[s].schema for s in "lr"}
         delta = {s: ctx.persist(self.with_keys(consolidate(
-            frames[s], [quote(n) for n in self.names[s]], f"_{s}w"), s, types)
-            .selectExpr("*", f"{self.bucket(s)} AS {BUCKET}")) for s in "lr"}
-        touched = touched_buckets(ctx, delta["l"].select(BUCKET).union(
-            delta["r"].select(BUCKET)), keyed=True)
-        if not touched:
-            return self.matched(delta["l"].limit(0), delta["r"].limit(0)
-                                ).selectExpr(*self.out_columns(), W)
-        # State is a log of weighted rows: a batch appends its Δ; every COMPACT_EVERY-th
-        # batch rewrites the touched buckets consolidated instead (net-zero rows dropped).
-        compact = ctx.batch % COMPACT_EVERY == COMPACT_EVERY - 1
+            frames[s], [quote(n) for n in self.names[s]], f"_{s}w"), s, types)) for s in "lr"}
         old = {}
         for s, side in (("l", "left"), ("r", "right")):
             table = node.side_table(side)
             names = self.names[s]
-            stored = ctx.read_state(table, _side_schema(schemas[s], names), touched)
+            schema = _side_schema(schemas[s], names)
+            stored = read_log(ctx.spark, ctx.state_log(table), schema)
             old[s] = self.with_keys(stored.toDF(*names, f"_{s}w"), s, types)
             store = [f"{quote(n)} AS {c}" for n, c in zip(names, positional(names))]
-            store += [f"_{s}w AS {COUNT}", f"{self.bucket(s)} AS {BUCKET}"]
-            if compact:
-                merged = consolidate(old[s].unionByName(delta[s].drop(BUCKET)), self.cols(s),
-                                     f"_{s}w")
-                ctx.writes.append(StagedWrite(table, merged.selectExpr(*store), sorted(touched)))
-            else:
-                ctx.writes.append(StagedWrite(table, delta[s].selectExpr(*store), None))
-        delta = {s: d.drop(BUCKET) for s, d in delta.items()}
+            ctx.writes.append(StagedWrite(table, delta[s].selectExpr(*store, f"_{s}w AS {COUNT}"),
+                                          None))
+            ctx.compact(table, lambda files, _full, schema=schema: merge_weighted(
+                ctx.spark, files, schema, COUNT))
         parts = []
         if node.kind in ("inner", "left", "right", "full"):  # ΔL⋈R_old + L_new⋈ΔR
             new_l = old["l"].unionByName(delta["l"])

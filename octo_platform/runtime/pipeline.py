@@ -21,21 +21,19 @@ from typing import TYPE_CHECKING, Any, Callable
 
 from octo_platform.errors import RunError
 from octo_platform.logical.plan import quote
-from octo_platform.physical.plan import PSource, PStateless
+from octo_platform.physical.plan import PSource
 from octo_platform.project import CompiledTable, Project
 from octo_platform.runtime.columns import BUCKET, WEIGHT
 from octo_platform.runtime.offsets import BatchLog, InputSpec, Store, source_key
 from octo_platform.runtime.operators import (
     BatchContext,
-    StagedWrite,
-    apply_steps,
     bucket_sql,
     consolidate,
     evaluate,
     sql_expr,
-    touched_buckets,
 )
-from octo_platform.runtime.writes import Output, write_outputs
+from octo_platform.runtime.state_log import STATE_FORMAT
+from octo_platform.runtime.writes import Output, Written, write_outputs
 
 if TYPE_CHECKING:
     from pyspark.sql import DataFrame, SparkSession
@@ -47,6 +45,7 @@ DEFAULT_BUCKETS = 8
 ALL_BUCKETS_BYTES = 1 << 20  # input size from which a batch is assumed to touch every bucket
 MAINTENANCE_EVERY = 25  # batches between vacuuming state and compacting the batch log
 RECOMPUTED = "recompute"  # key of a batch-log intent that publishes a recomputation
+_CB = "_cb"  # an event's bucket in the current-state table (reported, not written)
 
 
 @dataclass(frozen=True)
@@ -120,7 +119,8 @@ class BatchStats:
     def line(self) -> str:
         ops = " ".join(f"{op}={self.events.get(op, 0)}" for op in ("c", "u", "d"))
         return (f"[{self.table}] batch {self.batch}: {self.rows_in} rows in, events {ops}, "
-                f"{self.dead_letters} dead letters, {self.seconds:.2f}s, {self.spark_jobs} Spark jobs")
+                f"{self.dead_letters} dead letters, {self.seconds:.2f}s, "
+                f"{self.spark_jobs} Spark jobs")
 
     def to_json(self) -> dict[str, Any]:
         return {"rows_in": self.rows_in, "events": self.events,
@@ -176,6 +176,12 @@ class Pipeline:
 
     def check_fingerprint(self) -> None:
         last = self.log.commit_payload(self.log.last_committed)
+        if last is not None and last.get("state_format", 1) != STATE_FORMAT:
+            raise RunError(
+                f"the state of streaming table {self.name!r} was written by an earlier version "
+                f"of octo (state format {last.get('state_format', 1)}; this one reads format "
+                f"{STATE_FORMAT}) and cannot be read. Run `octo reset {self.name}` to rebuild "
+                "it from all input (downstream tables: `octo refresh`).")
         if last is not None and last.get("fingerprint") != self.fingerprint:
             raise RunError(
                 f"the query of streaming table {self.name!r} changed since its state was "
@@ -203,14 +209,21 @@ class Pipeline:
         if RECOMPUTED in inputs:
             return self.publish_recomputed(batch, inputs[RECOMPUTED], pinned, ts_ms, stats,
                                            started)
-        ctx = BatchContext(self.spark, batch, self.buckets, {}, lambda t, b: self.env.store.files(
-            self.layout.state(self.name, t), pinned.get(f"state/{t}"), b), memo=self.memo)
+        store = self.env.store
+        ctx = BatchContext(
+            self.spark, batch, self.buckets, {},
+            lambda t, b: store.files(self.layout.state(self.name, t), pinned.get(f"state/{t}"), b),
+            state_log=lambda t: store.data_files(self.layout.state(self.name, t),
+                                                 pinned.get(f"state/{t}")),
+            memo=self.memo)
         jobs = _JobCounter(self.spark, f"octo {self.name} batch {batch}")
         try:
             observed = self.read_inputs(ctx, inputs, stats)
             delta = evaluate(self.table.physical.root, ctx)
-            events, current = self.sink(ctx, delta, pinned, ts_ms)
-            versions = self.commit_writes(ctx, current, events.rows, pinned)
+            events = self.sink(ctx, delta, ts_ms)
+            written = self.commit_writes(ctx, events, pinned)
+            versions = {**pinned, **written.versions}
+            versions["current"] = self.update_current(batch, events, written, pinned)
             stats.events = events.counts()
             self.write_dead_letters(self.settle_inputs(observed, stats), batch, ts_ms, stats)
         finally:
@@ -218,7 +231,8 @@ class Pipeline:
             stats.spark_jobs = jobs.stop()
         stats.seconds = time.monotonic() - started
         log.append(batch, "commit", {"versions": versions, "stats": stats.to_json(),
-                                     "fingerprint": self.fingerprint}, ts_ms)
+                                     "fingerprint": self.fingerprint,
+                                     "state_format": STATE_FORMAT}, ts_ms)
         if batch % MAINTENANCE_EVERY == MAINTENANCE_EVERY - 1:
             self.maintain()
         if self.progress:
@@ -264,15 +278,18 @@ class Pipeline:
         for key, (src, dst) in copies.items():
             if store.version(src) is None and store.version(dst) is None:
                 continue
-            rows = self.read_bucketed(src) if store.version(src) is not None else \
-                self.read_bucketed(dst).limit(0)
-            outputs.append(Output(key, dst, rows, bucketed=True, replace="all"))
-        versions = {**pinned, **write_outputs(outputs, batch=batch, store=store)}
+            rows, bucketed = self.read_whole(src if store.version(src) is not None else dst)
+            if store.version(src) is None:
+                rows = rows.limit(0)
+            outputs.append(Output(key, dst, rows, bucketed=bucketed, replace="all",
+                                  prefix="base"))
+        versions = {**pinned, **write_outputs(outputs, batch=batch, store=store).versions}
         stats.events = events.counts()
         stats.seconds = time.monotonic() - started
         self.memo.clear()
         self.log.append(batch, "commit", {"versions": versions, "stats": stats.to_json(),
                                           "fingerprint": self.fingerprint,
+                                          "state_format": STATE_FORMAT,
                                           RECOMPUTED: spec}, ts_ms)
         if "://" not in scratch.warehouse:
             shutil.rmtree(scratch.warehouse, ignore_errors=True)
@@ -280,18 +297,23 @@ class Pipeline:
             self.progress(stats.line() + f" (recomputed: {spec.get('what', 'all')})")
         return stats
 
-    def read_bucketed(self, path: str) -> DataFrame:
-        """The latest version of a ``_bucket``-partitioned table, ``_bucket`` included."""
-        files = self.env.store.files(path, self.env.store.version(path))
-        schema = self.env.store.arrow_schema(path)
-        if not files:
-            return self.spark.createDataFrame(schema.empty_table())
+    def read_whole(self, path: str) -> tuple[DataFrame, bool]:
+        """The latest version of a table and whether it is ``_bucket``-partitioned (the
+        column is then included, taken from the files' partition folders)."""
         from pyspark.sql.pandas.types import from_arrow_schema
 
+        store = self.env.store
+        schema = store.arrow_schema(path)
+        bucketed = BUCKET in schema.names
+        files = store.files(path, store.version(path))
+        if not files:
+            return self.spark.createDataFrame(schema.empty_table()), bucketed
+        if not bucketed:
+            return self.spark.read.schema(from_arrow_schema(schema)).parquet(*files), False
         data = from_arrow_schema(schema.remove(schema.get_field_index(BUCKET)))
         bucket = f"CAST(regexp_extract(_metadata.file_path, '{BUCKET}=([0-9]+)', 1) AS INT)"
         return self.spark.read.schema(data).parquet(*files).selectExpr(
-            *[quote(n) for n in data.names], f"{bucket} AS {BUCKET}")
+            *[quote(n) for n in data.names], f"{bucket} AS {BUCKET}"), True
 
     def maintain(self) -> None:
         """Delete state files older than the last commit and compact the batch log.
@@ -378,59 +400,65 @@ class Pipeline:
             events = self.spark.createDataFrame(schema.empty_table())  # one empty chunk
         return self.env.decode_changelog(events, src.columns), files
 
-    def sink(self, ctx: BatchContext, delta: DataFrame, pinned: dict[str, int | None],
-             ts_ms: int) -> tuple[_Events, list[StagedWrite]]:
-        """Encode Δ as change events; stage the update of the current-state table."""
+    def sink(self, ctx: BatchContext, delta: DataFrame, ts_ms: int) -> _Events:
+        """Δ encoded as change events, each with the ``_bucket`` of its row in the
+        current-state table (bucketed by primary key, or the whole row) as ``_cb``."""
         plan = self.table.physical
         columns = plan.root.columns
         if plan.keyed_changes:
             events = self.env.encode_keyed(delta, columns, plan.pk, table=self.name,
                                            batch=ctx.batch, ts_ms=ts_ms)
-            return _Events(events), self.current_from_aggregate(ctx, delta, pinned)
-        # The current-state table is bucketed by primary key (or the whole row).
-        key = list(plan.pk) if plan.pk is not None else list(columns)
-        cons = ctx.persist(consolidate(delta, [quote(c) for c in columns]).selectExpr(
-            "*", f"{bucket_sql(key, self.buckets)} AS {BUCKET}"))
-        touched = touched_buckets(ctx, cons, keyed=bool(key))
-        cons = cons.drop(BUCKET)
-        events = self.env.encode_changelog(cons, columns, plan.pk, table=self.name,
-                                           batch=ctx.batch, ts_ms=ts_ms)
-        return _Events(events), self.current_by_merge(cons, key, touched, pinned)
-
-    def current_from_aggregate(self, ctx: BatchContext, delta: DataFrame,
-                               pinned: dict[str, int | None]) -> list[StagedWrite]:
-        """Current rows of the touched buckets straight from the aggregate's new state."""
-        node, steps = self.table.physical.root, ()
-        if isinstance(node, PStateless):
-            node, steps = node.input, node.steps
-        rows, touched = ctx.results[node.id]
-        if rows is None:
-            if pinned.get("current") is not None:
-                return []
-            rows = self.spark.createDataFrame([], delta.drop(WEIGHT).schema) \
-                .selectExpr("*", f"0 AS {BUCKET}")
         else:
-            rows = apply_steps(rows, steps, BUCKET)
-        cols = [quote(c) for c in self.table.physical.root.columns]
-        return [StagedWrite("current", rows.selectExpr(*cols, BUCKET), touched)]
+            events = self.env.encode_changelog(
+                consolidate(delta, [quote(c) for c in columns]), columns, plan.pk,
+                table=self.name, batch=ctx.batch, ts_ms=ts_ms)
+        return _Events(events.selectExpr("*", f"{self.event_bucket()} AS {_CB}"))
 
-    def current_by_merge(self, cons: DataFrame, key: list[str], touched: set[int],
-                         pinned: dict[str, int | None]) -> list[StagedWrite]:
-        """Current rows of the touched buckets: old rows plus the consolidated Δ."""
+    def current_key(self) -> list[str]:
+        plan = self.table.physical
+        return list(plan.pk) if plan.pk is not None else list(plan.root.columns)
+
+    def update_current(self, batch: int, events: _Events, written: Written,
+                       pinned: dict[str, int | None]) -> int | None:
+        """Rewrite the current-state buckets this batch's events fall in: their old rows
+        plus the events (read back from the changelog files the batch added). The new
+        version of the current-state table."""
+        store, path = self.env.store, self.layout.current(self.name)
+        changelog = self.layout.changelog(self.name)
+        files = store.added_files(changelog, pinned.get("changelog"),
+                                  written.versions["changelog"]) \
+            if written.versions.get("changelog") is not None else []
+        if "changelog" in written.wrote:
+            touched = written.reported.get("changelog", set())
+        else:  # an earlier attempt committed the events: find their buckets again
+            touched = {r[0] for r in self.spark.read.parquet(*files).selectExpr(
+                self.event_bucket()).distinct().collect()} if files else set()
         if not touched and pinned.get("current") is not None:
-            return []
+            return pinned["current"]
         cols = [quote(c) for c in self.table.physical.root.columns]
         w = quote(WEIGHT)
-        schema = cons.drop(WEIGHT).schema
-        files = self.env.store.files(self.layout.current(self.name), pinned.get("current"),
-                                     touched)
-        old = (self.spark.read.schema(schema).parquet(*files) if files
-               else self.spark.createDataFrame([], schema))
-        merged = (old.selectExpr("*", f"CAST(1 AS BIGINT) AS {w}").unionByName(cons)
+        image = events.unobserved.schema["after"].dataType
+        changes = self.env.decode_changelog(
+            self.spark.read.schema(events.unobserved.drop(_CB).schema).parquet(*files)
+            if files else self.spark.createDataFrame([], events.unobserved.drop(_CB).schema),
+            self.table.physical.root.columns)
+        old_files = store.files(path, pinned.get("current"), touched)
+        old = (self.spark.read.schema(image).parquet(*old_files) if old_files
+               else self.spark.createDataFrame([], image))
+        merged = (old.selectExpr(*cols, f"CAST(1 AS BIGINT) AS {w}").unionByName(changes)
                   .groupBy(*cols).agg(_sum_weight()).filter(f"{w} > 0"))
         rows = merged.selectExpr(*cols, f"explode(sequence(1, CAST({w} AS INT))) AS _i") \
-            .selectExpr(*cols, f"{bucket_sql(key, self.buckets)} AS {BUCKET}")
-        return [StagedWrite("current", rows, sorted(touched))]
+            .selectExpr(*cols, f"{bucket_sql(self.current_key(), self.buckets)} AS {BUCKET}")
+        return write_outputs([Output("current", path, rows, bucketed=True, replace=touched)],
+                             batch=batch, store=store).versions["current"]
+
+    def event_bucket(self) -> str:
+        """SQL of a change event's bucket in the current-state table (as ``bucket_sql``)."""
+        key = self.current_key()
+        if not key:
+            return "0"
+        ref = ", ".join(f"coalesce(after.{quote(k)}, before.{quote(k)})" for k in key)
+        return f"pmod(hash({ref}), {self.buckets})"
 
     def write_dead_letters(self, dead: list[DataFrame], batch: int, ts_ms: int,
                            stats: BatchStats) -> None:
@@ -444,19 +472,19 @@ class Pipeline:
         write_outputs([Output("dead_letters", self.layout.dead_letters(self.name), rows)],
                       batch=batch, store=self.env.store)
 
-    def commit_writes(self, ctx: BatchContext, current: list[StagedWrite], events: DataFrame,
-                      pinned: dict[str, int | None]) -> dict[str, int | None]:
-        """Write everything batch N produced in one Spark job and commit each table once
-        (idempotently); the versions after N."""
-        store, lay = self.env.store, self.layout
-        staged = [(f"state/{w.table}", lay.state(self.name, w.table), w) for w in ctx.writes]
-        staged += [("current", lay.current(self.name), w) for w in current]
-        outputs = [Output(key, path, w.data, bucketed=True,
-                          replace=None if w.buckets is None else set(w.buckets))
-                   for key, path, w in staged
-                   if w.buckets != [] or pinned.get(key) is None]
-        outputs.append(Output("changelog", lay.changelog(self.name), events))
-        return {**pinned, **write_outputs(outputs, batch=ctx.batch, store=store)}
+    def commit_writes(self, ctx: BatchContext, events: _Events,
+                      pinned: dict[str, int | None]) -> Written:
+        """Write the batch's changelog and operator state in one Spark job and commit each
+        table once (idempotently)."""
+        lay = self.layout
+        outputs = [Output(f"state/{w.table}", lay.state(self.name, w.table), w.data,
+                          bucketed=w.buckets is not None,
+                          replace=None if w.buckets is None else set(w.buckets),
+                          remove=w.remove, prefix=w.prefix)
+                   for w in ctx.writes
+                   if w.buckets != [] or pinned.get(f"state/{w.table}") is None]
+        outputs.append(Output("changelog", lay.changelog(self.name), events.rows, report=_CB))
+        return write_outputs(outputs, batch=ctx.batch, store=self.env.store)
 
 
 def _sum_weight():

@@ -23,7 +23,7 @@ if TYPE_CHECKING:
 __all__ = ["Output", "write_outputs"]
 
 APP_ID = "octo"
-_FILE_SCHEMA = "o INT, path STRING, size BIGINT, rows BIGINT, bucket INT"
+_FILE_SCHEMA = "o INT, path STRING, size BIGINT, rows BIGINT, bucket INT, tags ARRAY<INT>"
 
 
 @dataclass(frozen=True)
@@ -32,26 +32,44 @@ class Output:
 
     ``bucketed``: the table is partitioned by ``_bucket`` (a column of ``frame``);
     ``replace``: buckets whose files the commit removes (``"all"``: the whole table), None
-    to append."""
+    to append; ``remove``: files (relative paths) the commit removes too; ``prefix`` starts
+    the new files' names; ``report``: an INT column of ``frame`` that is not written, whose
+    distinct values ``write_outputs`` reports. Outputs with the same ``key`` go to one
+    commit."""
 
     key: str
     path: str
     frame: DataFrame
     bucketed: bool = False
     replace: set[int] | Literal["all"] | None = None
+    remove: tuple[str, ...] = ()
+    prefix: str = "part"
+    report: str | None = None
 
 
-def write_outputs(outputs: list[Output], *, batch: int, store: Store) -> dict[str, int | None]:
-    """Write and commit ``outputs`` as batch ``batch``; each table's version afterwards.
+@dataclass
+class Written:
+    """What ``write_outputs`` did: each table's version afterwards, the values of each
+    output's ``report`` column, and which tables it wrote (the others held the batch)."""
+
+    versions: dict[str, int | None]
+    reported: dict[str, set[int]]
+    wrote: set[str]
+
+
+def write_outputs(outputs: list[Output], *, batch: int, store: Store) -> Written:
+    """Write and commit ``outputs`` as batch ``batch`` (one Spark job, one commit per table).
 
     Tables that already hold the batch (a half-finished earlier attempt) are left alone."""
     from pyspark.sql import functions as F
     from pyspark.sql.pandas.types import to_arrow_schema
 
-    todo = [o for o in outputs if not store.done(o.path, app_id=APP_ID, batch=batch)]
-    versions = {o.key: store.version(o.path) for o in outputs if o not in todo}
+    done = {o.key for o in outputs if store.done(o.path, app_id=APP_ID, batch=batch)}
+    todo = [o for o in outputs if o.key not in done]
+    written = Written({o.key: store.version(o.path) for o in outputs if o.key in done}, {},
+                      {o.key for o in todo})
     if not todo:
-        return versions
+        return written
     schemas = [to_arrow_schema(o.frame.schema, timezone="UTC") for o in todo]
     tagged = []
     for i, o in enumerate(todo):
@@ -64,18 +82,27 @@ def write_outputs(outputs: list[Output], *, batch: int, store: Store) -> dict[st
     union = tagged[0]
     for t in tagged[1:]:
         union = union.unionAll(t)
-    meta = [(o.path, o.bucketed, schemas[i]) for i, o in enumerate(todo)]
-    token = f"b{batch:08d}-{uuid.uuid4().hex[:12]}"
-    files = union.mapInArrow(_writer(meta, token, store), _FILE_SCHEMA).collect()
-    for i, o in enumerate(todo):
-        mine = [{"path": f.path, "size": f.size, "rows": f.rows,
-                 "partition": {BUCKET: f.bucket} if o.bucketed else {}}
-                for f in files if f.o == i]
-        versions[o.key] = store.commit(o.path, mine, schema=schemas[i], app_id=APP_ID,
-                                       batch=batch,
-                                       partition_by=[BUCKET] if o.bucketed else None,
-                                       replace=o.replace)
-    return versions
+    meta = [(o.path, o.bucketed, schemas[i], f"{o.prefix}-b{batch:08d}-{uuid.uuid4().hex[:8]}",
+             o.report) for i, o in enumerate(todo)]
+    files = union.mapInArrow(_writer(meta, store), _FILE_SCHEMA).collect()
+    for key in dict.fromkeys(o.key for o in todo):
+        mine = [i for i, o in enumerate(todo) if o.key == key]
+        first = todo[mine[0]]
+        added = [{"path": f.path, "size": f.size, "rows": f.rows,
+                  "partition": {BUCKET: f.bucket} if first.bucketed else {}}
+                 for f in files if f.o in mine]
+        written.reported[key] = {t for f in files if f.o in mine for t in f.tags or ()}
+        replaced = [todo[i].replace for i in mine if todo[i].replace is not None]
+        schema = schemas[mine[0]]
+        if first.report:
+            schema = schema.remove(schema.get_field_index(first.report))
+        written.versions[key] = store.commit(
+            first.path, added, schema=schema, app_id=APP_ID, batch=batch,
+            partition_by=[BUCKET] if first.bucketed else None,
+            replace="all" if "all" in replaced else
+            (set().union(*replaced) if replaced else None),
+            remove=tuple(p for i in mine for p in todo[i].remove))
+    return written
 
 
 def _struct_type(frame: DataFrame) -> Any:
@@ -84,10 +111,11 @@ def _struct_type(frame: DataFrame) -> Any:
     return StructType(frame.schema.fields)
 
 
-def _writer(meta: list[tuple[str, bool, pa.Schema]], token: str, store: Store):
+def _writer(meta: list[tuple[str, bool, pa.Schema, str, str | None]], store: Store):
     """The ``mapInArrow`` function: rows of output ``i`` go to Parquet files under
     ``meta[i]``'s table path (one file per output and bucket per task); yields one row per
-    file written. Runs on executors."""
+    file written, with the distinct values of the output's ``report`` column. Runs on
+    executors."""
 
     def write(batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
         import pyarrow as pa
@@ -97,25 +125,33 @@ def _writer(meta: list[tuple[str, bool, pa.Schema]], token: str, store: Store):
         task = uuid.uuid4().hex[:8]
         open_files: dict[tuple[int, int | None], tuple[Any, Any, str]] = {}
         counts: dict[tuple[int, int | None], int] = {}
+        tags: dict[tuple[int, int | None], set[int]] = {}
 
         def sink(i: int, bucket: int | None, rows: pa.Table) -> None:
             key = (i, bucket)
             if key not in open_files:
-                path = meta[i][0]
-                rel = f"{token}-{task}-{i}.parquet"
+                path, token = meta[i][0], meta[i][3]
+                rel = f"{token}-{task}.parquet"
                 if bucket is not None:
                     rel = f"{BUCKET}={bucket}/{rel}"
                 stream = store.open_output(path, rel)
-                open_files[key] = (pq.ParquetWriter(stream, rows.schema), stream, rel)
+                schema = rows.schema if not meta[i][4] else \
+                    rows.schema.remove(rows.schema.get_field_index(meta[i][4]))
+                open_files[key] = (pq.ParquetWriter(stream, schema), stream, rel)
                 counts[key] = 0
+                tags[key] = set()
+            report = meta[i][4]
+            if report:
+                tags[key].update(pc.unique(rows.column(report)).to_pylist())
+                rows = rows.drop_columns([report])
             open_files[key][0].write_table(rows)
             counts[key] += rows.num_rows
 
         for rb in batches:
-            tags = rb.column("_o")
-            for i in pc.unique(tags).to_pylist():
-                _, bucketed, schema = meta[i]
-                part = rb.filter(pc.equal(tags, i)).column(f"o{i}")
+            which = rb.column("_o")
+            for i in pc.unique(which).to_pylist():
+                bucketed, schema = meta[i][1], meta[i][2]
+                part = rb.filter(pc.equal(which, i)).column(f"o{i}")
                 rows = pa.Table.from_batches([pa.RecordBatch.from_struct_array(part)])
                 rows = rows.cast(schema)
                 if not bucketed:
@@ -125,15 +161,18 @@ def _writer(meta: list[tuple[str, bool, pa.Schema]], token: str, store: Store):
                 data = rows.drop_columns([BUCKET])
                 for b in pc.unique(buckets).to_pylist():
                     sink(i, b, data.filter(pc.equal(buckets, b)))
-        out = {"o": [], "path": [], "size": [], "rows": [], "bucket": []}
+        out: dict[str, list] = {"o": [], "path": [], "size": [], "rows": [], "bucket": [],
+                                "tags": []}
         for (i, bucket), (writer, stream, rel) in open_files.items():
             writer.close()
             size = stream.tell()
             stream.close()
-            for k, v in zip(out, (i, rel, size, counts[(i, bucket)], bucket)):
+            values = (i, rel, size, counts[(i, bucket)], bucket,
+                      sorted(t for t in tags[(i, bucket)] if t is not None))
+            for k, v in zip(out, values):
                 out[k].append(v)
         yield pa.RecordBatch.from_pydict(out, schema=pa.schema([
             ("o", pa.int32()), ("path", pa.string()), ("size", pa.int64()),
-            ("rows", pa.int64()), ("bucket", pa.int32())]))
+            ("rows", pa.int64()), ("bucket", pa.int32()), ("tags", pa.list_(pa.int32()))]))
 
     return write

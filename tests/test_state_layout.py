@@ -1,0 +1,70 @@
+"""Operator state as change logs: compaction keeps results exact and the log short; a
+warehouse written with another state layout is refused with what to do."""
+from __future__ import annotations
+
+import posixpath
+
+import pytest
+from deltalake import DeltaTable
+
+from octo_platform.errors import RunError
+from octo_platform.project import load_project
+from octo_platform.runtime import state_log
+from octo_platform.runtime.offsets import BatchLog
+from octo_platform.runtime.runner import run_tables
+from octo_platform.wiring import default_environment
+from tests.oracle import RandomInput, check_tables, write_lines
+
+SQL = """
+CREATE SOURCE src ({ddl}) WITH (connector = 'files', path = 'data/src',
+    format = 'debezium-json', primary_key = 'id', max_files_per_batch = '1');
+CREATE STREAMING TABLE per_g AS
+    SELECT g, COUNT(*) AS n, MIN(v) AS mn, COUNT(DISTINCT k) AS dk FROM src GROUP BY g;
+CREATE STREAMING TABLE pairs AS
+    SELECT a.id, b.id AS other, a.k FROM src a JOIN src b ON a.k = b.k AND a.id < b.id;
+"""
+
+
+def state_files(root, table: str, operator: str) -> list[str]:
+    path = root / "warehouse" / "_octo" / table / "state" / operator
+    return [posixpath.basename(p) for p in DeltaTable(str(path)).file_uris()]
+
+
+def test_compaction_keeps_results_exact(spark, tmp_path, monkeypatch):
+    monkeypatch.setattr(state_log, "MERGE_DELTAS", 2)  # merge delta files every few batches
+    src = RandomInput(7, debezium=True)
+    sql = SQL.format(ddl=src.ddl())
+    (tmp_path / "sql").mkdir()
+    (tmp_path / "sql" / "t.sql").write_text(sql)
+    project = load_project(tmp_path)
+    keyed = {n: project.table(n).physical.pk is not None for n in ("per_g", "pairs")}
+    for round_no in range(2):
+        for f in range(4):
+            write_lines(tmp_path / "data" / "src", f"r{round_no}-{f}.json", src.lines(12))
+        report = run_tables(spark, tmp_path, buckets=2, progress=None)
+        assert len(report.for_table("per_g")) == 4, "one batch per file"
+        check_tables(spark, tmp_path / "warehouse", sql, {"src": src.relation()}, keyed,
+                     round_no)
+    for table, operator in (("per_g", "agg3"), ("per_g", "agg3_values1"),
+                            ("pairs", "join5_left")):
+        files = state_files(tmp_path, table, operator)
+        assert any(f.startswith("base-") for f in files), (table, operator, files)
+        deltas = {"-".join(f.split("-")[:3]) for f in files if f.startswith("delta-")}
+        assert len(deltas) <= 2 * 2, f"{operator}: compaction keeps the log short: {files}"
+
+
+def test_state_of_another_layout_is_refused(spark, tmp_path):
+    (tmp_path / "sql").mkdir()
+    (tmp_path / "sql" / "t.sql").write_text(
+        "CREATE SOURCE s (k BIGINT) WITH (connector = 'files', path = 'data', format = 'json');"
+        "CREATE STREAMING TABLE c AS SELECT k, COUNT(*) AS n FROM s GROUP BY k;")
+    write_lines(tmp_path / "data", "a.json", ['{"k": 1}'])
+    run_tables(spark, tmp_path, progress=None)
+    # A batch committed by an octo whose commit records carry no state format (layout 1).
+    log = BatchLog(default_environment().store, str(tmp_path / "warehouse/_octo/c/log"))
+    old = dict(log.commit_payload(0))
+    old.pop("state_format")
+    log.append(1, "commit", old, 0)
+    write_lines(tmp_path / "data", "b.json", ['{"k": 2}'])
+    with pytest.raises(RunError, match=r"state format 1.*octo reset c"):
+        run_tables(spark, tmp_path, progress=None)
