@@ -48,7 +48,8 @@ def _parser() -> argparse.ArgumentParser:
     run.add_argument("--until-idle", action="store_true",
                      help="process everything available, then exit 0")
     run.add_argument("--buckets", type=int, default=8,
-                     help="state buckets per operator (fixed once a table has state)")
+                     help="buckets of the current-state table and top-N state (fixed once a "
+                     "table has state)")
     run.add_argument("--interval", default="1 second",
                      help="trigger interval of a continuous run (default: 1 second)")
     run.add_argument("--parallel", type=int, default=3,
