@@ -39,7 +39,7 @@ def run_demo(*, directory: str | None = None, rounds: int = 3) -> None:
     """Create a demo project in ``directory`` (default: a fresh temp dir) and run ``rounds``."""
     from connectors.generators.nexmark import NexmarkGenerator, demo_round
     from octo_platform.project import load_project
-    from octo_platform.runtime.pipeline import Layout
+    from octo_platform.runtime.layout import Layout
     from octo_platform.runtime.runner import resolve_warehouse, run_tables
     from octo_platform.runtime.session import QUICK_START_CONF, spark_session
     from state.delta import DeltaStore

@@ -5,9 +5,11 @@ the table already holds it, which makes re-running a half-finished batch idempot
 """
 from __future__ import annotations
 
+import functools
 import json
 import os
 import time
+from collections.abc import Callable
 from typing import Any, Literal
 from urllib.parse import unquote
 
@@ -21,6 +23,17 @@ from pyarrow import fs
 __all__ = ["DeltaStore", "DataFile"]
 
 DataFile = dict[str, Any]  # {"path": relative, "size": bytes, "rows": n, "partition": {...}}
+
+
+def _open_output(storage_options: dict[str, str] | None, path: str,
+                 relative: str) -> pa.NativeFile:
+    """A new file ``relative`` inside the table directory ``path``, open for writing."""
+    if "://" not in path:
+        target = os.path.join(path, relative)
+        os.makedirs(os.path.dirname(target), exist_ok=True)
+        return fs.LocalFileSystem().open_output_stream(target)
+    handler = fs.PyFileSystem(DeltaStorageHandler(path, storage_options))
+    return handler.open_output_stream(relative)
 
 
 def _nullable(table: pa.Table) -> pa.Table:
@@ -112,51 +125,28 @@ class DeltaStore:
         dt = self._open(path, version)
         return None if dt is None else dt.to_pyarrow_table()
 
-    def write(
-        self,
-        path: str,
-        data: pa.Table,
-        *,
-        app_id: str,
-        batch: int,
-        mode: Literal["append", "overwrite"] = "append",
-        partition_by: list[str] | None = None,
-        buckets: list[int] | None = None,
-    ) -> int | None:
-        """Write ``data`` as batch ``batch`` of ``app_id``; the table version afterwards.
-
-        Skipped (nothing written) when the table already holds that batch. With ``buckets``,
-        replaces exactly those ``_bucket`` partitions; the others stay as they are.
-        """
+    def write(self, path: str, data: pa.Table, *, app_id: str, batch: int) -> int | None:
+        """Append ``data`` (a small table built on the driver, e.g. a batch-log row) as batch
+        ``batch`` of ``app_id``; the table version afterwards. Skipped (nothing written) when
+        the table already holds that batch. Batch data goes through ``commit`` instead."""
         dt = self._open(path)
         if dt is not None:
             done = dt.transaction_version(app_id)
             if done is not None and int(done) >= batch:
                 return dt.version()
-        predicate = None
-        if buckets is not None:
-            if not buckets:
-                return None if dt is None else dt.version()
-            predicate = "_bucket IN (" + ", ".join(str(int(b)) for b in sorted(buckets)) + ")"
-            mode = "overwrite"
-        before = None if dt is None else dt.version()
-        if dt is None:
-            predicate = None
-            if "://" not in path:
-                os.makedirs(path, exist_ok=True)
+        elif "://" not in path:
+            os.makedirs(path, exist_ok=True)
         write_deltalake(
             dt if dt is not None else path,
             _nullable(data),
-            mode=mode,
-            partition_by=partition_by,
-            predicate=predicate,
+            mode="append",
             storage_options=None if dt is not None else self.storage_options,
             commit_properties=CommitProperties(
                 app_transactions=[Transaction(app_id=app_id, version=batch)]
             ),
         )
         # Single writer per table (the runner holds a lock), so the new version is known.
-        return 0 if before is None else before + 1
+        return 0 if dt is None else dt.version() + 1
 
     def done(self, path: str, *, app_id: str, batch: int) -> bool:
         """Whether the table already holds batch ``batch`` of ``app_id``."""
@@ -164,17 +154,10 @@ class DeltaStore:
         done = None if dt is None else dt.transaction_version(app_id)
         return done is not None and int(done) >= batch
 
-    def open_output(self, path: str, relative: str) -> pa.NativeFile:
-        """A new file ``relative`` inside the table directory ``path``, for writing.
-
-        Runs on executors (the store pickles as its storage options): data files are
+    def opener(self) -> Callable[[str, str], pa.NativeFile]:
+        """A picklable ``open(table_path, relative_path)`` for executors: data files are
         written where the data is, and only their names travel to the driver's commit."""
-        if "://" not in path:
-            target = os.path.join(path, relative)
-            os.makedirs(os.path.dirname(target), exist_ok=True)
-            return fs.LocalFileSystem().open_output_stream(target)
-        handler = fs.PyFileSystem(DeltaStorageHandler(path, self.storage_options))
-        return handler.open_output_stream(relative)
+        return functools.partial(_open_output, self.storage_options)
 
     def commit(
         self,

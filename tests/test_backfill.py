@@ -18,7 +18,7 @@ from deltalake import DeltaTable
 
 from octo_platform.errors import RunError, SqlError
 from octo_platform.project import load_project
-from octo_platform.runtime.pipeline import RECOMPUTED
+from octo_platform.runtime.publish import RECOMPUTED
 from octo_platform.runtime.recompute import backfill
 from octo_platform.runtime.runner import run_tables
 from octo_platform.wiring import default_environment
@@ -144,7 +144,8 @@ def test_backfill_publishes_corrections_downstream_and_equals_scratch(spark, pro
 
 
 class _CrashOnce:
-    """A store whose first write of a changelog in a recomputing batch dies mid-way."""
+    """A store whose first commit of a changelog in a recomputing batch dies mid-way (its
+    data files are written, the commit is not)."""
 
     def __init__(self, store, path: str) -> None:
         self.store, self.path, self.crashed = store, path, False
@@ -152,11 +153,11 @@ class _CrashOnce:
     def __getattr__(self, name):
         return getattr(self.store, name)
 
-    def write(self, path, data, **kw):
+    def commit(self, path, files, **kw):
         if path == self.path and not self.crashed:
             self.crashed = True
             raise KeyboardInterrupt("killed while publishing")
-        return self.store.write(path, data, **kw)
+        return self.store.commit(path, files, **kw)
 
 
 def test_crash_while_publishing_is_finished_by_the_next_run(spark, project, tmp_path,

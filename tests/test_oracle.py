@@ -13,7 +13,7 @@ import random
 import pytest
 
 from octo_platform.project import load_project
-from octo_platform.runtime import pipeline
+from octo_platform.runtime import inputs, pipeline
 from octo_platform.runtime.runner import run_tables
 from tests.oracle import RandomInput, check_tables, write_lines
 
@@ -59,7 +59,7 @@ def project_sql(debezium: bool, max_files: int) -> str:
 @pytest.mark.parametrize("debezium", [False, True], ids=["append-only", "debezium"])
 def test_every_operator_matches_batch_sql(spark, tmp_path, monkeypatch, debezium):
     if debezium:  # also cover the large-batch path: every bucket read and rewritten
-        monkeypatch.setattr(pipeline, "ALL_BUCKETS_BYTES", 0)
+        monkeypatch.setattr(inputs, "ALL_BUCKETS_BYTES", 0)
     else:  # and vacuuming state / compacting the batch log between batches
         monkeypatch.setattr(pipeline, "MAINTENANCE_EVERY", 2)
     seed = 20261122 + int(debezium)

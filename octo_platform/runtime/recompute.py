@@ -32,15 +32,9 @@ from typing import TYPE_CHECKING, Any, Callable
 
 from octo_platform.errors import RunError
 from octo_platform.project import Project, load_project
-from octo_platform.runtime.pipeline import (
-    DEFAULT_BUCKETS,
-    RECOMPUTED,
-    BatchStats,
-    Environment,
-    Layout,
-    Pipeline,
-    ScratchLayout,
-)
+from octo_platform.runtime.layout import Layout, ScratchLayout
+from octo_platform.runtime.pipeline import DEFAULT_BUCKETS, BatchStats, Environment, Pipeline
+from octo_platform.runtime.publish import RECOMPUTED, recompute_diff
 from octo_platform.runtime.runner import (
     RunReport,
     lock_tables,
@@ -194,7 +188,7 @@ def _recompute(spark: SparkSession, project: Project, table, live: Pipeline,
     Pipeline(spark, project, table, scratch, live.env, buckets=buckets,
              progress=None).run_batch(0, history)
     pinned = (live.log.commit_payload(live.log.last_committed) or {}).get("versions", {})
-    diff = live.recompute_diff(scratch, pinned).persist()
+    diff = recompute_diff(live, scratch, pinned).persist()
     try:
         report = BackfillReport(
             table.name, what, rows_changed=diff.count(),

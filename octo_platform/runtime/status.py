@@ -11,8 +11,10 @@ from typing import TYPE_CHECKING
 
 from octo_platform.project import Project
 from octo_platform.runtime.columns import BUCKET
+from octo_platform.runtime.inputs import input_specs
+from octo_platform.runtime.layout import Layout
 from octo_platform.runtime.offsets import BatchLog, available
-from octo_platform.runtime.pipeline import Environment, Layout, input_specs
+from octo_platform.runtime.pipeline import Environment
 from octo_platform.runtime.runner import resolve_warehouse
 
 if TYPE_CHECKING:

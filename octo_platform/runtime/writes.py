@@ -11,7 +11,8 @@ from __future__ import annotations
 
 import uuid
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, Iterator, Literal
+from collections.abc import Callable, Iterator
+from typing import TYPE_CHECKING, Any, Literal
 
 from octo_platform.runtime.columns import BUCKET
 from octo_platform.runtime.offsets import Store
@@ -84,7 +85,7 @@ def write_outputs(outputs: list[Output], *, batch: int, store: Store) -> Written
         union = union.unionAll(t)
     meta = [(o.path, o.bucketed, schemas[i], f"{o.prefix}-b{batch:08d}-{uuid.uuid4().hex[:8]}",
              o.report) for i, o in enumerate(todo)]
-    files = union.mapInArrow(_writer(meta, store), _FILE_SCHEMA).collect()
+    files = union.mapInArrow(_writer(meta, store.opener()), _FILE_SCHEMA).collect()
     for key in dict.fromkeys(o.key for o in todo):
         mine = [i for i, o in enumerate(todo) if o.key == key]
         first = todo[mine[0]]
@@ -111,7 +112,8 @@ def _struct_type(frame: DataFrame) -> Any:
     return StructType(frame.schema.fields)
 
 
-def _writer(meta: list[tuple[str, bool, pa.Schema, str, str | None]], store: Store):
+def _writer(meta: list[tuple[str, bool, pa.Schema, str, str | None]],
+            open_output: Callable[[str, str], Any]):
     """The ``mapInArrow`` function: rows of output ``i`` go to Parquet files under
     ``meta[i]``'s table path (one file per output and bucket per task); yields one row per
     file written, with the distinct values of the output's ``report`` column. Runs on
@@ -134,7 +136,7 @@ def _writer(meta: list[tuple[str, bool, pa.Schema, str, str | None]], store: Sto
                 rel = f"{token}-{task}.parquet"
                 if bucket is not None:
                     rel = f"{BUCKET}={bucket}/{rel}"
-                stream = store.open_output(path, rel)
+                stream = open_output(path, rel)
                 schema = rows.schema if not meta[i][4] else \
                     rows.schema.remove(rows.schema.get_field_index(meta[i][4]))
                 open_files[key] = (pq.ParquetWriter(stream, schema), stream, rel)

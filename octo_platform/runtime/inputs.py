@@ -1,0 +1,151 @@
+"""A batch's inputs: the logged files, upstream changelog versions and Delta versions read
+as weighted rows, with their record counts and dead letters observed while the batch's write
+job reads them."""
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+
+from octo_platform.errors import RunError
+from octo_platform.physical.plan import PSource
+from octo_platform.project import CompiledTable, Project
+from octo_platform.runtime.layout import Layout
+from octo_platform.runtime.metrics import metrics, observe
+from octo_platform.runtime.offsets import InputSpec, source_key
+from octo_platform.runtime.operators import BatchContext
+
+if TYPE_CHECKING:
+    from pyspark.sql import DataFrame
+
+    from octo_platform.runtime.pipeline import BatchStats, Pipeline
+
+__all__ = ["input_specs", "read_inputs", "settle_inputs", "ALL_BUCKETS_BYTES"]
+
+ALL_BUCKETS_BYTES = 1 << 20  # input size from which a top-N takes all its buckets as touched
+
+
+def input_specs(project: Project, table: CompiledTable, layout: Layout) -> tuple[InputSpec, ...]:
+    """Where each input of ``table`` comes from, in a form the offsets source can pickle."""
+    specs = []
+    for src in table.physical.sources:
+        key = source_key(src.kind, src.name)
+        if src.kind == "table":
+            specs.append(InputSpec(key, "changelog",
+                                   layout.changelog(project.table(src.name).name)))
+            continue
+        sdef = project.source(src.name)
+        if sdef.connector == "delta":
+            specs.append(InputSpec(key, "delta", project.source_path(sdef)))
+        else:
+            specs.append(InputSpec(key, "files", project.source_path(sdef),
+                                   int(sdef.options.get("max_files_per_batch", "1000"))))
+    return tuple(specs)
+
+
+def read_inputs(pipe: Pipeline, ctx: BatchContext, inputs: dict[str, Any],
+                stats: BatchStats) -> list[_Observed]:
+    """Register each source's weighted rows in ``ctx``.
+
+    Nothing is read here: record counts (good and bad) are observed while the batch's write
+    job reads the inputs (``settle_inputs``), which saves a job and a cache per batch.
+    """
+    observed: list[_Observed] = []
+    size = 0
+    for src in pipe.table.physical.sources:
+        got = inputs.get(source_key(src.kind, src.name))
+        dsrc = pipe.delta_sources.get(src.name.lower()) if src.kind == "source" else None
+        if src.kind == "table" or dsrc is not None:
+            if dsrc is None:
+                rows, files = upstream_changes(pipe, src, got)
+                size += _local_bytes(files)
+            else:
+                rows = dsrc.changes(pipe.spark, got, table=pipe.name)
+                size += ALL_BUCKETS_BYTES if got and got["from"] is None else 0
+            if got:
+                observed.append(_Observed.watch(src.name, rows, "count(1) AS good",
+                                                "0L AS bad"))
+                rows = observed[-1].records
+            ctx.inputs[src.name.lower()] = rows
+            continue
+        sdef = pipe.project.source(src.name)
+        fsrc = pipe.env.file_source(sdef, pipe.project.source_path(sdef))
+        files = (got or {}).get("files", [])
+        size += sum(os.path.getsize(f) for f in files if os.path.exists(f))
+        parsed = pipe.env.read_files(pipe.spark, fsrc, files)
+        records = parsed.records
+        if sdef.format == "csv":
+            # Spark refuses raw-CSV queries that read only the corrupt-record column.
+            records = ctx.persist(records)
+        observed.append(_Observed.watch(src.name, records,
+                                        "count_if(_reason IS NULL) AS good",
+                                        "count_if(_reason IS NOT NULL) AS bad"))
+        records = observed[-1].records
+        ctx.inputs[src.name.lower()] = parsed.rows(records.filter("_reason IS NULL"))
+    # Any superset of the touched buckets is correct; a large batch touches them all.
+    ctx.all_buckets = size > ALL_BUCKETS_BYTES
+    return observed
+
+
+def settle_inputs(observed: list[_Observed], stats: BatchStats) -> list[DataFrame]:
+    """Good/bad record counts (observed while the batch's write job read the inputs) and
+    the dead-letter frames."""
+    dead: list[DataFrame] = []
+    for o in observed:
+        counts = o.counts()
+        stats.rows_in += counts["good"]
+        stats.dead_letters += counts["bad"]
+        if counts["bad"]:
+            dead.append(o.records.filter("_reason IS NOT NULL").selectExpr(
+                "_raw AS raw", "_file AS source_file", f"'{o.source}' AS source",
+                "_reason AS reason"))
+    return dead
+
+
+def upstream_changes(pipe: Pipeline, src: PSource, got: dict[str, Any] | None
+                     ) -> tuple[DataFrame, list[str]]:
+    """Weighted rows of the upstream table's change events between two versions, and
+    the changelog files they come from."""
+    upstream = pipe.project.table(src.name)
+    path = pipe.layout.changelog(upstream.name)
+    files = pipe.env.store.added_files(path, got["from"], got["to"]) if got else []
+    if files:
+        events = pipe.spark.read.parquet(*files)
+    else:
+        schema = pipe.env.store.arrow_schema(path)
+        if schema is None:
+            raise RunError(f"{pipe.name}: upstream table {upstream.name!r} has no changelog "
+                           "yet; run it first")
+        events = pipe.spark.createDataFrame(schema.empty_table())  # one empty chunk
+    return pipe.env.decode_changelog(events, src.columns), files
+
+
+def _local_bytes(uris: list[str]) -> int:
+    """Bytes of local files (a remote one counts as large: its batch touches every bucket)."""
+    total = 0
+    for uri in uris:
+        path = uri.removeprefix("file://")
+        total += os.path.getsize(path) if "://" not in path and os.path.exists(path) \
+            else ALL_BUCKETS_BYTES
+    return total
+
+
+@dataclass
+class _Observed:
+    """An input's records, with good/bad counts observed by the job that reads them."""
+
+    source: str
+    observation: Any
+    records: DataFrame
+    exprs: tuple[str, ...]
+
+    @classmethod
+    def watch(cls, source: str, records: DataFrame, *exprs: str) -> _Observed:
+        observed, observation = observe(records, *exprs)
+        return cls(source, observation, observed, exprs)
+
+    def counts(self) -> dict[str, int]:
+        got = metrics(self.observation)
+        if got is None:  # no job read the records: count them with a job of our own
+            got = self.records.selectExpr(*self.exprs).collect()[0].asDict()
+        return {"good": int(got["good"] or 0), "bad": int(got["bad"] or 0)}

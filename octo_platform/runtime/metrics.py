@@ -1,0 +1,46 @@
+"""How a batch measures itself without extra Spark jobs: observed metrics (they arrive with
+the job that reads the observed rows) and a count of the Spark jobs it ran."""
+from __future__ import annotations
+
+import threading
+import uuid
+from typing import TYPE_CHECKING, Any
+
+from octo_platform.runtime.operators import sql_expr
+
+if TYPE_CHECKING:
+    from pyspark.sql import DataFrame, SparkSession
+
+__all__ = ["JobCounter", "observe", "metrics"]
+
+
+class JobCounter:
+    """Counts the Spark jobs this thread starts (through a job group) until ``stop``."""
+
+    def __init__(self, spark: SparkSession, what: str) -> None:
+        self.sc = spark.sparkContext
+        self.group = f"{what} {uuid.uuid4().hex[:8]}"
+        self.sc.setJobGroup(self.group, what)
+
+    def stop(self) -> int:
+        jobs = len(self.sc.statusTracker().getJobIdsForGroup(self.group))
+        self.sc.setLocalProperty("spark.jobGroup.id", None)  # type: ignore[arg-type]
+        self.sc.setLocalProperty("spark.job.description", None)  # type: ignore[arg-type]
+        return jobs
+
+
+def observe(df: DataFrame, *exprs: str) -> tuple[DataFrame, Any]:
+    from pyspark.sql import Observation
+
+    obs = Observation()
+    return df.observe(obs, *[sql_expr(e) for e in exprs]), obs
+
+
+def metrics(observation: Any, timeout: float = 5.0) -> dict[str, Any] | None:
+    """An observation's metrics, or None if no job has produced them within ``timeout``
+    (``Observation.get`` itself would wait forever)."""
+    got: dict[str, Any] = {}
+    waiter = threading.Thread(target=lambda: got.update(observation.get), daemon=True)
+    waiter.start()
+    waiter.join(timeout)
+    return got or None

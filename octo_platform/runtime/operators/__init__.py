@@ -1,0 +1,58 @@
+"""Incremental operators: each turns its input's weighted rows (Δ) into output Δ with Spark.
+
+Stateful operators read the state of the keys a batch touches (pinned to the versions the
+previous batch committed), compute new state and output, and stage their state changes;
+the pipeline writes all staged changes in one job and commits them after the batch.
+Aggregates and joins keep their state as a log of changes (``state_log``); top-N rewrites
+the hash buckets its partitions fall in.
+
+One module per operator (``aggregate``, ``join``, ``top_n``); ``context`` holds what they
+share; filters, projections and unions are applied here, in ``evaluate``.
+"""
+from __future__ import annotations
+
+from functools import reduce
+from typing import TYPE_CHECKING
+
+from octo_platform.physical.plan import PAggregate, PJoin, PNode, PSource, PStateless, PTopN, PUnion
+from octo_platform.runtime.columns import WEIGHT
+from octo_platform.runtime.operators.aggregate import Aggregate
+from octo_platform.runtime.operators.context import (
+    BatchContext,
+    StagedWrite,
+    StateReader,
+    W,
+    apply_steps,
+    bucket_sql,
+    consolidate,
+    sql_expr,
+    touched_buckets,
+)
+from octo_platform.runtime.operators.join import Join
+from octo_platform.runtime.operators.top_n import TopN
+
+if TYPE_CHECKING:
+    from pyspark.sql import DataFrame
+
+__all__ = ["StateReader", "StagedWrite", "BatchContext", "evaluate", "bucket_sql",
+           "apply_steps", "consolidate", "sql_expr", "touched_buckets"]
+
+
+def evaluate(node: PNode, ctx: BatchContext) -> DataFrame:
+    """The output Δ of ``node`` for this batch: its columns plus the weight column."""
+    if isinstance(node, PSource):
+        return ctx.inputs[node.name.lower()]
+    if isinstance(node, PStateless):
+        return apply_steps(evaluate(node.input, ctx), node.steps, W)
+    if isinstance(node, PUnion):
+        parts = [evaluate(c, ctx).toDF(*node.columns, WEIGHT) for c in node.children]
+        return reduce(lambda a, b: a.union(b), parts)
+    if isinstance(node, PAggregate):
+        return Aggregate(node, ctx).run(evaluate(node.input, ctx))
+    if isinstance(node, PJoin):
+        return Join(node, ctx).run(evaluate(node.left, ctx), evaluate(node.right, ctx))
+    if isinstance(node, PTopN):
+        return TopN(node, ctx).run(evaluate(node.input, ctx))
+    raise TypeError(f"no runtime for {type(node).__name__}")
+
+

@@ -1,0 +1,202 @@
+"""GROUP BY with retractions, its state a keyed change log (``state_log``)."""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+
+from octo_platform.logical.plan import quote
+from octo_platform.physical.plan import PAggregate
+from octo_platform.runtime.columns import COUNT
+from octo_platform.runtime.operators.context import BatchContext, StagedWrite, W, sql_expr
+from octo_platform.runtime.state_log import BATCH, latest, merge_keyed
+
+if TYPE_CHECKING:
+    from pyspark.sql import DataFrame
+
+__all__ = ["Aggregate"]
+
+
+@dataclass(frozen=True)
+class _AggShape:
+    """What an aggregate's SQL looks like for given input types (computed once per run)."""
+
+    state_schema: Any
+    out_schema: Any
+    delta_exprs: tuple[str, ...]
+    ms_schemas: dict[int, Any]
+
+
+class Aggregate:
+    """GROUP BY with retractions.
+
+    State row per group: keys, ``_n`` (row count), per aggregate ``c<i>`` (non-null count),
+    ``s<i>`` (sum) or ``m<i>`` (last MIN/MAX/COUNT DISTINCT result); multiset aggregates keep
+    (keys, value) -> count in a table of their own.
+    """
+
+    def __init__(self, node: PAggregate, ctx: BatchContext) -> None:
+        self.node = node
+        self.ctx = ctx
+        self.keys = [quote(k) for k in node.keys]
+
+    def shape(self, delta: DataFrame) -> _AggShape:
+        key = f"{self.node.id}:{delta.schema.simpleString()}"
+        if key not in self.ctx.memo:
+            self.ctx.memo[key] = self._shape(delta)
+        return self.ctx.memo[key]
+
+    def _shape(self, delta: DataFrame) -> _AggShape:
+        from pyspark.sql.types import LongType, StructField, StructType
+
+        node = self.node
+        types = {f.name: f.dataType for f in delta.schema.fields}
+        out_exprs: list[str] = []
+        acc: list[StructField] = []
+        d_exprs = [f"sum({W}) AS d{COUNT}"]
+        ms: dict[int, Any] = {}
+        for i, a in enumerate(node.aggs):
+            x = quote(a.arg) if a.arg else None
+            if a.arg is None:
+                out_exprs.append(f"count(1) AS {quote(node.columns[len(self.keys) + i])}")
+            else:
+                inner = f"DISTINCT {x}" if a.distinct else x
+                out_exprs.append(f"{a.func}({inner}) AS {quote(node.columns[len(self.keys) + i])}")
+            w_if = f"CASE WHEN {x} IS NOT NULL THEN {W} ELSE 0 END"
+            if a.strategy == "count":
+                if x is not None:
+                    acc.append(StructField(f"c{i}", LongType()))
+                    d_exprs.append(f"sum({w_if}) AS dc{i}")
+            elif a.strategy == "sum":
+                st = delta.selectExpr(f"sum({x})").schema.fields[0].dataType
+                acc += [StructField(f"c{i}", LongType()), StructField(f"s{i}", st)]
+                t = st.simpleString()
+                d_exprs += [f"sum({w_if}) AS dc{i}",
+                            f"CAST(sum(CAST({x} AS {t}) * {W}) AS {t}) AS ds{i}"]
+            elif a.strategy == "running":
+                acc.append(StructField(f"m{i}", types[a.arg]))
+                d_exprs.append(f"{a.func}({x}) AS dm{i}")
+            else:
+                acc.append(StructField(f"m{i}", LongType() if a.func == "count" else
+                                       types[a.arg]))
+                ms[i] = StructType([*[StructField(k, types[k]) for k in node.keys],
+                                    StructField("v", types[a.arg]), StructField("cnt", LongType())])
+        state = StructType([*[StructField(k, types[k]) for k in node.keys],
+                            StructField(COUNT, LongType()), *acc])
+        probe = delta.limit(0).groupBy(*self.keys)
+        probe = probe.agg(*[sql_expr(e) for e in out_exprs]) if out_exprs else \
+            delta.limit(0).selectExpr(*self.keys)
+        return _AggShape(state, probe.schema, tuple(d_exprs), ms)
+
+    def run(self, delta: DataFrame) -> DataFrame:
+        node, ctx = self.node, self.ctx
+        shape = self.shape(delta)
+        if shape.ms_schemas:
+            delta = ctx.persist(delta)  # read by the multisets too
+        grouped = delta.groupBy(*self.keys).agg(*[sql_expr(e) for e in shape.delta_exprs])
+        dagg = ctx.persist(grouped)
+        names = list(node.keys)
+        alive = f"{COUNT} != 0" if self.keys else None  # a group whose count is 0 is gone
+        old = latest(ctx.spark, ctx.state_log(node.id), shape.state_schema, names,
+                     wanted=dagg.select(*self.keys) if self.keys else None, alive=alive)
+        ctx.compact(node.id, lambda files, full: merge_keyed(
+            ctx.spark, files, shape.state_schema, names, full=full, alive=alive))
+        d = dagg
+        for i in shape.ms_schemas:
+            result = self.multiset(i, delta, shape.ms_schemas[i])
+            on = " AND ".join(f"d.{k} <=> r.{k}" for k in self.keys) or "true"
+            d = (d.alias("d").join(result.alias("r"), sql_expr(on), "left")
+                 .selectExpr("d.*", f"r.r{i} AS r{i}"))
+        on = " AND ".join(f"o.{k} <=> d.{k}" for k in self.keys) or "true"
+        joined = old.alias("o").join(d.alias("d"), sql_expr(on), "full_outer")
+        table = ctx.persist(joined.selectExpr(*self.merge_exprs(shape)))
+        # Every group the batch touched gets its new row (count 0: a tombstone).
+        new_state = table.filter("_touched").selectExpr(
+            *self.keys, f"n{COUNT} AS {COUNT}",
+            *[f"n{f.name} AS {f.name}" for f in shape.state_schema.fields[len(self.keys) + 1:]],
+            f"CAST({ctx.batch} AS BIGINT) AS {BATCH}")
+        ctx.writes.append(StagedWrite(node.id, new_state, None))
+        return self.output(table, shape)
+
+    def merge_exprs(self, shape: _AggShape) -> list[str]:
+        """Old and new accumulators side by side for every row of the touched buckets."""
+        node = self.node
+        touched = f"(d.d{COUNT} IS NOT NULL OR {str(not self.keys).lower()})"
+        exprs = [f"coalesce(o.{k}, d.{k}) AS {k}" for k in self.keys]
+        exprs += [f"{touched} AS _touched", f"o.{COUNT} AS o{COUNT}",
+                  f"coalesce(o.{COUNT}, 0) + coalesce(d.d{COUNT}, 0) AS n{COUNT}"]
+        for f in shape.state_schema.fields[len(self.keys) + 1:]:
+            name, i = f.name, int(f.name[1:])
+            a, t = node.aggs[i], f.dataType.simpleString()
+            if name[0] in "cs":
+                new = (f"CAST(coalesce(o.{name}, CAST(0 AS {t})) + "
+                       f"coalesce(d.d{name}, CAST(0 AS {t})) AS {t})")
+            elif a.strategy == "running":
+                new = f"{'least' if a.func == 'min' else 'greatest'}(o.{name}, d.d{name})"
+            else:  # multiset: the group's new result if the batch touched it, else unchanged
+                result = f"coalesce(d.r{i}, 0)" if a.func == "count" else f"d.r{i}"
+                new = f"CASE WHEN {touched} THEN {result} ELSE o.{name} END"
+            exprs += [f"o.{name} AS o{name}", f"{new} AS n{name}"]
+        return exprs
+
+    def multiset(self, i: int, delta: DataFrame, schema: Any) -> DataFrame:
+        """Update the (keys, value) -> count log of aggregate ``i``; per-group result over
+        every value of the groups the batch touched."""
+        node, ctx = self.node, self.ctx
+        a = node.aggs[i]
+        table = node.multiset_table(i)
+        x = quote(a.arg)
+        dv = ctx.persist(delta.filter(f"{x} IS NOT NULL")
+                         .groupBy(*self.keys, sql_expr(f"{x} AS v"))
+                         .agg(sql_expr(f"sum({W}) AS dcnt")))
+        names = [*node.keys, "v"]
+        # Every value of every group the batch touches (also groups whose Δ values are NULL).
+        old = latest(ctx.spark, ctx.state_log(table), schema, names,
+                     wanted=delta.select(*self.keys) if self.keys else None, alive="cnt != 0")
+        ctx.compact(table, lambda files, full: merge_keyed(
+            ctx.spark, files, schema, names, full=full, alive="cnt != 0"))
+        on = " AND ".join(f"o.{c} <=> d.{c}" for c in [*self.keys, "v"])
+        merged = ctx.persist(old.alias("o").join(dv.alias("d"), sql_expr(on), "full_outer")
+                             .selectExpr(*[f"coalesce(o.{c}, d.{c}) AS {c}"
+                                           for c in [*self.keys, "v"]],
+                                         "coalesce(o.cnt, 0) + coalesce(d.dcnt, 0) AS cnt",
+                                         "d.dcnt IS NOT NULL AS _changed"))
+        ctx.writes.append(StagedWrite(table, merged.filter("_changed").selectExpr(
+            *self.keys, "v", "cnt", f"CAST({ctx.batch} AS BIGINT) AS {BATCH}"), None))
+        fn = "count" if a.func == "count" else a.func
+        return merged.filter("cnt > 0").groupBy(*self.keys).agg(sql_expr(f"{fn}(v) AS r{i}"))
+
+    def values(self, side: str) -> list[str]:
+        """Output values (keys, then aggregates) from the ``o``/``n`` accumulators."""
+        out = list(self.keys)
+        for i, a in enumerate(self.node.aggs):
+            if a.strategy == "count":
+                out.append(f"{side}{COUNT}" if a.arg is None else f"{side}c{i}")
+            elif a.strategy == "sum":
+                s = f"{side}s{i}" if a.func == "sum" else f"{side}s{i} / {side}c{i}"
+                out.append(f"CASE WHEN {side}c{i} > 0 THEN {s} END")
+            else:
+                out.append(f"{side}m{i}")
+        return out
+
+    def output(self, table: DataFrame, shape: _AggShape) -> DataFrame:
+        names = [quote(c) for c in self.node.columns]
+        types = [f.dataType.simpleString() for f in shape.out_schema.fields]
+        old_v, new_v = self.values("o"), self.values("n")
+        if self.keys:
+            old_exists, new_exists = f"coalesce(o{COUNT} > 0, false)", f"n{COUNT} > 0"
+        else:
+            old_exists, new_exists = f"o{COUNT} IS NOT NULL", "true"
+        same = " AND ".join(f"({a}) <=> ({b})" for a, b in zip(old_v, new_v)) or "true"
+        changed = f"_touched AND NOT ({old_exists} AND {new_exists} AND {same})"
+
+        def side(values: list[str], exists: str, weight: int) -> list[str]:
+            cols = [f"CAST({v} AS {t}) AS {n}" for v, t, n in zip(values, types, names)]
+            return [f"CASE WHEN {exists} THEN struct({', '.join(cols)}, "
+                    f"CAST({weight} AS BIGINT) AS {W}) END"]
+
+        rows = table.filter(changed).selectExpr(
+            f"explode(filter(array({side(old_v, old_exists, -1)[0]}, "
+            f"{side(new_v, new_exists, 1)[0]}), x -> x IS NOT NULL)) AS r")
+        return rows.selectExpr("r.*")
+
+

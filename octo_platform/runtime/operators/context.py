@@ -1,0 +1,132 @@
+"""What every operator shares: the batch context (inputs, pinned state, staged writes) and
+the SQL helpers operators build their Spark plans from.
+
+Expressions are built as Spark SQL text (one JVM call per projection, not one per column):
+on a small machine the Python-to-JVM round trips otherwise cost more than the data work.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any, Callable, Protocol
+
+from octo_platform.logical.plan import quote
+from octo_platform.runtime.columns import BUCKET, COUNT, WEIGHT
+from octo_platform.runtime.state_log import StateFile, compaction
+
+if TYPE_CHECKING:
+    from pyspark.sql import DataFrame, SparkSession
+    from pyspark.sql.types import StructType
+
+__all__ = ["StateReader", "StagedWrite", "BatchContext", "bucket_sql", "apply_steps",
+           "consolidate", "touched_buckets", "positional", "side_schema", "sql_expr", "W"]
+
+W = quote(WEIGHT)
+
+
+class StateReader(Protocol):
+    def __call__(self, table: str, buckets: set[int]) -> list[str]:
+        """Files holding the given buckets of a state table, as of the previous batch."""
+
+
+@dataclass
+class StagedWrite:
+    """Rows for a state table: with ``buckets``, the new contents of those ``_bucket``
+    partitions; without, rows appended to a state log (``prefix`` ``delta``, or ``base``
+    for a full compaction), with ``remove`` naming the files a compaction replaces."""
+
+    table: str
+    data: DataFrame
+    buckets: list[int] | None
+    remove: tuple[str, ...] = ()
+    prefix: str = "delta"
+
+
+@dataclass
+class BatchContext:
+    spark: SparkSession
+    batch: int
+    buckets: int
+    inputs: dict[str, DataFrame]
+    state_files: StateReader
+    state_log: Callable[[str], list[StateFile]] = lambda table: []  # a log's pinned files
+    memo: dict[str, Any] = field(default_factory=dict)  # per-pipeline, survives batches
+    all_buckets: bool = False  # a large batch touches every bucket: skip finding which
+    writes: list[StagedWrite] = field(default_factory=list)
+    persisted: list[DataFrame] = field(default_factory=list)
+
+    def persist(self, df: DataFrame) -> DataFrame:
+        df = df.persist()
+        self.persisted.append(df)
+        return df
+
+    def release(self) -> None:
+        for df in self.persisted:
+            df.unpersist()
+        self.persisted.clear()
+
+    def read_state(self, table: str, schema: StructType, buckets: set[int]) -> DataFrame:
+        files = self.state_files(table, buckets)
+        if not files:
+            return self.spark.createDataFrame([], schema)
+        return self.spark.read.schema(schema).parquet(*files)
+
+    def compact(self, table: str, merge: Callable[[list[StateFile], bool], DataFrame]) -> None:
+        """Stage this batch's compaction of a state log, if it is due (``state_log``)."""
+        due = compaction(self.state_log(table))
+        if due is not None:
+            files, full = due
+            self.writes.append(StagedWrite(table, merge(files, full), None,
+                                           tuple(f["path"] for f in files),
+                                           "base" if full else "delta"))
+
+
+def bucket_sql(keys: list[str] | tuple[str, ...], buckets: int) -> str:
+    """SQL of the bucket a row's key falls in (0 for an empty key)."""
+    if not keys:
+        return "0"
+    return f"pmod(hash({', '.join(quote(k) for k in keys)}), {buckets})"
+
+
+def apply_steps(df: DataFrame, steps: tuple, carry: str) -> DataFrame:
+    """Filters and projections of a stateless stage; ``carry`` (a column) passes through."""
+    for kind, names, exprs in steps:
+        if kind == "filter":
+            df = df.filter(exprs[0])
+        else:
+            df = df.selectExpr(*[f"{e} AS {quote(n)}" for n, e in zip(names, exprs)], carry)
+    return df
+
+
+def consolidate(df: DataFrame, columns: list[str], weight: str = W) -> DataFrame:
+    """One row per distinct value of ``columns`` with its summed weight (zeros dropped)."""
+    return df.groupBy(*columns).agg(sql_expr(f"sum({weight}) AS {weight}")).filter(
+        f"{weight} != 0")
+
+
+def touched_buckets(ctx: BatchContext, df: DataFrame, keyed: bool) -> set[int]:
+    """Buckets the rows of ``df`` fall in. Any superset is correct (untouched rows are
+    rewritten as they were), so a large batch takes every bucket and skips the job."""
+    if ctx.all_buckets and keyed:
+        return set(range(ctx.buckets))
+    return {r[0] for r in df.select(BUCKET).distinct().collect()}
+
+
+def positional(names: list[str] | tuple[str, ...]) -> list[str]:
+    """State tables store columns as ``c0, c1, ...``: any user column name is safe there."""
+    return [f"c{i}" for i in range(len(names))]
+
+
+def side_schema(schema: Any, names: list[str]) -> Any:
+    """Stored schema of a join side or top-N: positional columns, then ``_n``."""
+    from pyspark.sql.types import LongType, StructField, StructType
+
+    fields = [StructField(c, f.dataType) for c, f in zip(positional(names), schema.fields)]
+    return StructType([*fields, StructField(COUNT, LongType())])
+
+
+def sql_expr(sql: str):
+    """A Column from Spark SQL text."""
+    from pyspark.sql import functions as F
+
+    return F.expr(sql)
+

@@ -1,0 +1,82 @@
+"""Top-N per partition, re-ranking only the partitions a batch touches."""
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+from octo_platform.logical.plan import quote
+from octo_platform.physical.plan import PTopN
+from octo_platform.runtime.columns import BUCKET, COUNT, WEIGHT
+from octo_platform.runtime.operators.context import (
+    BatchContext,
+    StagedWrite,
+    W,
+    bucket_sql,
+    consolidate,
+    positional,
+    side_schema,
+    sql_expr,
+    touched_buckets,
+)
+
+if TYPE_CHECKING:
+    from pyspark.sql import DataFrame
+
+__all__ = ["TopN"]
+
+
+class TopN:
+    """Top-N per partition, re-ranking only the partitions a batch touches.
+
+    State: the input's rows with multiplicity, bucketed by hash of the partition key; over
+    append-only input only each partition's current top ``n`` rows (the rest can never
+    re-enter). Output: the touched partitions' new top rows minus their old ones, so a
+    deleted leader is replaced by the next row (and ranks shift as updates).
+    """
+
+    def __init__(self, node: PTopN, ctx: BatchContext) -> None:
+        self.node = node
+        self.ctx = ctx
+        self.names = list(node.input.columns)
+        self.cols = [quote(c) for c in self.names]
+
+    def rank(self, rows: DataFrame) -> DataFrame:
+        """Each partition's first ``n`` rows (one per unit of multiplicity) with ``_rn``."""
+        node = self.node
+        part = ", ".join(quote(p) for p in node.partition)
+        order = [k.render() for k in node.order] + [f"{c} ASC NULLS FIRST" for c in self.cols]
+        over = (f"PARTITION BY {part} " if part else "") + f"ORDER BY {', '.join(order)}"
+        units = rows.filter(f"{W} > 0").selectExpr(
+            *self.cols, f"explode(sequence(1, CAST({W} AS INT))) AS _unit")
+        return units.selectExpr(*self.cols, f"row_number() OVER ({over}) AS _rn") \
+            .filter(f"_rn <= {node.n}")
+
+    def run(self, delta: DataFrame) -> DataFrame:
+        node, ctx = self.node, self.ctx
+        bucket = bucket_sql(node.partition, ctx.buckets)
+        d = ctx.persist(consolidate(delta, self.cols).selectExpr("*", f"{bucket} AS {BUCKET}"))
+        touched = touched_buckets(ctx, d, keyed=bool(node.partition))
+        d = d.drop(BUCKET)
+        if not touched:
+            return self.emit(self.rank(d.limit(0)), "")
+        stored = ctx.read_state(node.id, side_schema(delta.schema, self.names), touched)
+        old = stored.toDF(*self.names, WEIGHT)
+        new = ctx.persist(consolidate(old.unionByName(d), self.cols))
+        keep = new
+        if node.pruned:
+            keep = self.rank(new).groupBy(*self.cols).agg(sql_expr(f"count(1) AS {W}"))
+        ctx.writes.append(StagedWrite(node.id, keep.selectExpr(
+            *[f"{c} AS {p}" for c, p in zip(self.cols, positional(self.names))],
+            f"{W} AS {COUNT}", f"{bucket} AS {BUCKET}"), sorted(touched)))
+        if node.partition:
+            parts = d.select(*[quote(p) for p in node.partition]).distinct()
+            same = " AND ".join(f"a.{quote(p)} <=> k.{quote(p)}" for p in node.partition)
+            old, new = (f.alias("a").join(parts.alias("k"), sql_expr(same), "left_semi")
+                        for f in (old, new))
+        return self.emit(self.rank(new), "").union(self.emit(self.rank(old), "-"))
+
+    def emit(self, ranked: DataFrame, sign: str) -> DataFrame:
+        """Ranked rows as output rows with weight +1 (``sign`` "") or -1 (``sign`` "-")."""
+        rank = [f"CAST(_rn AS INT) AS {quote(self.node.rank)}"] if self.node.rank else []
+        return ranked.selectExpr(*self.cols, *rank, f"CAST({sign}1 AS BIGINT) AS {W}")
+
+

@@ -1,0 +1,142 @@
+"""The changelog sink: a batch's Δ encoded as Debezium change events, written with the
+operators' state in one Spark job; then the current-state buckets the events fall in
+rewritten; and the batch's dead letters appended."""
+from __future__ import annotations
+
+from functools import reduce
+from typing import TYPE_CHECKING
+
+from octo_platform.logical.plan import quote
+from octo_platform.runtime.columns import BUCKET, WEIGHT
+from octo_platform.runtime.metrics import metrics, observe
+from octo_platform.runtime.operators import BatchContext, bucket_sql, consolidate, sql_expr
+from octo_platform.runtime.writes import Output, Written, write_outputs
+
+if TYPE_CHECKING:
+    from pyspark.sql import DataFrame
+
+    from octo_platform.runtime.pipeline import Pipeline
+
+__all__ = ["Events", "encode", "write_batch", "update_current", "write_dead_letters"]
+
+_CB = "_cb"  # an event's bucket in the current-state table (reported, not written)
+
+
+def encode(pipe: Pipeline, ctx: BatchContext, delta: DataFrame, ts_ms: int) -> Events:
+    """Δ encoded as change events, each with the ``_bucket`` of its row in the
+    current-state table (bucketed by primary key, or the whole row) as ``_cb``."""
+    plan = pipe.table.physical
+    columns = plan.root.columns
+    if plan.keyed_changes:
+        events = pipe.env.encode_keyed(delta, columns, plan.pk, table=pipe.name,
+                                       batch=ctx.batch, ts_ms=ts_ms)
+    else:
+        events = pipe.env.encode_changelog(
+            consolidate(delta, [quote(c) for c in columns]), columns, plan.pk,
+            table=pipe.name, batch=ctx.batch, ts_ms=ts_ms)
+    return Events(events.selectExpr("*", f"{event_bucket(pipe)} AS {_CB}"))
+
+
+def current_key(pipe: Pipeline) -> list[str]:
+    plan = pipe.table.physical
+    return list(plan.pk) if plan.pk is not None else list(plan.root.columns)
+
+
+def event_bucket(pipe: Pipeline) -> str:
+    """SQL of a change event's bucket in the current-state table (as ``bucket_sql``)."""
+    key = current_key(pipe)
+    if not key:
+        return "0"
+    ref = ", ".join(f"coalesce(after.{quote(k)}, before.{quote(k)})" for k in key)
+    return f"pmod(hash({ref}), {pipe.buckets})"
+
+
+def write_batch(pipe: Pipeline, ctx: BatchContext, events: Events,
+                pinned: dict[str, int | None]) -> Written:
+    """Write the batch's changelog and operator state in one Spark job and commit each
+    table once (idempotently)."""
+    lay = pipe.layout
+    outputs = [Output(f"state/{w.table}", lay.state(pipe.name, w.table), w.data,
+                      bucketed=w.buckets is not None,
+                      replace=None if w.buckets is None else set(w.buckets),
+                      remove=w.remove, prefix=w.prefix)
+               for w in ctx.writes
+               if w.buckets != [] or pinned.get(f"state/{w.table}") is None]
+    outputs.append(Output("changelog", lay.changelog(pipe.name), events.rows, report=_CB))
+    return write_outputs(outputs, batch=ctx.batch, store=pipe.env.store)
+
+
+def update_current(pipe: Pipeline, batch: int, events: Events, written: Written,
+                   pinned: dict[str, int | None]) -> int | None:
+    """Rewrite the current-state buckets this batch's events fall in: their old rows
+    plus the events (read back from the changelog files the batch added). The new
+    version of the current-state table."""
+    store, path = pipe.env.store, pipe.layout.current(pipe.name)
+    changelog = pipe.layout.changelog(pipe.name)
+    files = store.added_files(changelog, pinned.get("changelog"),
+                              written.versions["changelog"]) \
+        if written.versions.get("changelog") is not None else []
+    if "changelog" in written.wrote:
+        touched = written.reported.get("changelog", set())
+    else:  # an earlier attempt committed the events: find their buckets again
+        touched = {r[0] for r in pipe.spark.read.parquet(*files).selectExpr(
+            event_bucket(pipe)).distinct().collect()} if files else set()
+    if not touched and pinned.get("current") is not None:
+        return pinned["current"]
+    plan = pipe.table.physical
+    cols = [quote(c) for c in plan.root.columns]
+    image = events.unobserved.schema["after"].dataType
+    schema = events.unobserved.drop(_CB).schema
+    batch_events = (pipe.spark.read.schema(schema).parquet(*files) if files
+                    else pipe.spark.createDataFrame([], schema))
+    old_files = store.files(path, pinned.get("current"), touched)
+    old = (pipe.spark.read.schema(image).parquet(*old_files) if old_files
+           else pipe.spark.createDataFrame([], image))
+    if plan.keyed_changes:  # unique keys, one event per key: replace rows by key
+        keys = [quote(k) for k in plan.pk or ()]
+        changed = batch_events.selectExpr(
+            *[f"coalesce(after.{k}, before.{k}) AS {k}" for k in keys])
+        on = " AND ".join(f"o.{k} <=> c.{k}" for k in keys) or "true"
+        rows = old.alias("o").join(changed.alias("c"), sql_expr(on), "left_anti") \
+            .unionByName(batch_events.filter("after IS NOT NULL").selectExpr("after.*"))
+    else:  # a bag, or keys the query cannot vouch for: add and remove rows by count
+        w = quote(WEIGHT)
+        changes = pipe.env.decode_changelog(batch_events, plan.root.columns)
+        rows = (old.selectExpr(*cols, f"CAST(1 AS BIGINT) AS {w}").unionByName(changes)
+                .groupBy(*cols).agg(_sum_weight()).filter(f"{w} > 0")
+                .selectExpr(*cols, f"explode(sequence(1, CAST({w} AS INT))) AS _i"))
+    rows = rows.selectExpr(*cols, f"{bucket_sql(current_key(pipe), pipe.buckets)} AS {BUCKET}")
+    return write_outputs([Output("current", path, rows, bucketed=True, replace=touched)],
+                         batch=batch, store=store).versions["current"]
+
+
+def write_dead_letters(pipe: Pipeline, dead: list[DataFrame], batch: int, ts_ms: int) -> None:
+    """Append the batch's bad records (if any) to the table's dead-letter table."""
+    if not dead:
+        return
+    name = pipe.name.replace("'", "''")
+    rows = reduce(lambda a, b: a.unionByName(b), dead).selectExpr(
+        "raw", "source_file", "source", "reason", f"'{name}' AS table",
+        f"CAST({batch} AS BIGINT) AS batch_id", f"CAST({ts_ms} AS BIGINT) AS ts_ms")
+    write_outputs([Output("dead_letters", pipe.layout.dead_letters(pipe.name), rows)],
+                  batch=batch, store=pipe.env.store)
+
+
+def _sum_weight():
+    return sql_expr(f"sum({quote(WEIGHT)}) AS {quote(WEIGHT)}")
+
+
+class Events:
+    """A batch's change events, counted by op while the write job writes them."""
+
+    EXPRS = tuple(f"count_if(op = '{op}') AS {op}" for op in ("c", "u", "d"))
+
+    def __init__(self, events: DataFrame) -> None:
+        self.unobserved = events
+        self.rows, self.observation = observe(events, *self.EXPRS)
+
+    def counts(self) -> dict[str, int]:
+        got = metrics(self.observation)
+        if got is None:  # not written by this attempt (an earlier one committed them)
+            got = self.unobserved.selectExpr(*self.EXPRS).collect()[0].asDict()
+        return {op: int(n) for op, n in got.items() if n}
