@@ -70,6 +70,7 @@ class BatchStats:
                 "dead_letters": self.dead_letters, "seconds": round(self.seconds, 3),
                 "spark_jobs": self.spark_jobs}
 
+
 class Pipeline:
     """Runs the micro-batches of one streaming table against a warehouse."""
 
