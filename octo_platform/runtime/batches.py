@@ -4,14 +4,22 @@ Each micro-batch of the Structured Streaming query carries one row: the JSON off
 ``{"batch": N, "inputs": {...}}`` naming the files and upstream changelog versions of octo
 batch N. The offsets come from the table's batch log in Delta (not from a Spark checkpoint),
 so a lost checkpoint loses nothing; ``foreachBatch`` then does the actual work.
+
+The reader is a *simple* stream reader: Spark's Python source runner (a process on the
+driver) computes each offset and hands its row to the JVM with the plan, so a batch needs no
+Python task on an executor and a query no read planner: fewer Python workers that can fail to
+start on a busy machine, and ≈0.1 s less per trigger (an empty batch: 0.61 -> 0.52 s).
 """
 from __future__ import annotations
 
 import json
-from typing import Any, Iterator
+from typing import TYPE_CHECKING, Any, Iterator
 
-from pyspark.sql.datasource import DataSource, DataSourceStreamReader, InputPartition
+from pyspark.sql.datasource import DataSource, SimpleDataSourceStreamReader
 from pyspark.sql.streaming.datasource import SupportsTriggerAvailableNow
+
+if TYPE_CHECKING:
+    from octo_platform.runtime.pipeline import Environment
 
 __all__ = ["OctoBatches", "FORMAT"]
 
@@ -29,11 +37,11 @@ class OctoBatches(DataSource):
     def schema(self) -> str:
         return "offset STRING"
 
-    def streamReader(self, schema: Any) -> DataSourceStreamReader:
+    def simpleStreamReader(self, schema: Any) -> SimpleDataSourceStreamReader:
         return _Reader(dict(self.options))
 
 
-class _Reader(DataSourceStreamReader, SupportsTriggerAvailableNow):
+class _Reader(SimpleDataSourceStreamReader, SupportsTriggerAvailableNow):
     """Driver-side offsets, computed in Spark's Python streaming-source runner process.
 
     Gets everything through options (input specs, log path) instead of compiling the
@@ -42,12 +50,22 @@ class _Reader(DataSourceStreamReader, SupportsTriggerAvailableNow):
 
     def __init__(self, options: dict[str, str]) -> None:
         from octo_platform.runtime.offsets import InputSpec
-        from octo_platform.wiring import default_environment
 
         self.specs = tuple(InputSpec(**s) for s in json.loads(options["inputs"]))
         self.log_path = options["log"]
-        self.env = default_environment(json.loads(options.get("storage_options") or "{}"))
+        self.storage_options = json.loads(options.get("storage_options") or "{}")
+        self._env: Environment | None = None
         self.target: dict[str, Any] | None = None
+
+    @property
+    def env(self) -> Environment:
+        """The storage environment, built on first use: Spark starts a second source runner
+        per query that only builds the reader, and delta-rs' import is not free."""
+        if self._env is None:
+            from octo_platform.wiring import default_environment
+
+            self._env = default_environment(self.storage_options)
+        return self._env
 
     def _log(self):
         from octo_platform.runtime.offsets import BatchLog
@@ -62,22 +80,22 @@ class _Reader(DataSourceStreamReader, SupportsTriggerAvailableNow):
 
         self.target = available(self.specs, store=self.env.store, list_files=self.env.list_files)
 
-    def latestOffset(self, start: dict, limit: Any) -> dict:
+    def read(self, start: dict) -> tuple[Iterator[tuple[str]], dict]:
+        """The next batch after ``start`` as one row, and its offset (``start`` if none)."""
         from octo_platform.runtime.offsets import next_inputs
 
         nxt = next_inputs(self.specs, self._log(), store=self.env.store,
                           list_files=self.env.list_files, target=self.target)
         if nxt is None or nxt[0] <= int(start["batch"]):
-            return start
-        return {"batch": nxt[0], "inputs": nxt[1]}
+            return iter(()), start
+        end = {"batch": nxt[0], "inputs": nxt[1]}
+        return iter([(json.dumps(end, sort_keys=True),)]), end
 
-    def partitions(self, start: dict, end: dict) -> list[InputPartition]:
+    def readBetweenOffsets(self, start: dict, end: dict) -> Iterator[tuple[str]]:
+        """A batch Spark planned before a restart of the query: its row again."""
         if int(end["batch"]) <= int(start["batch"]):
-            return []
-        return [InputPartition(json.dumps(end, sort_keys=True))]
-
-    def read(self, partition: InputPartition) -> Iterator[tuple[str]]:
-        yield (partition.value,)
+            return iter(())
+        return iter([(json.dumps(end, sort_keys=True),)])
 
     def commit(self, end: dict) -> None:
         """Nothing to do: the batch log in Delta is the source of truth."""
