@@ -81,8 +81,8 @@ def test_every_operator_matches_batch_sql(spark, tmp_path, monkeypatch, debezium
         write_lines(tmp_path / "data" / "src2", f"r{round_no}.json", src2.lines(rng.randint(0, 5)))
         report = run_tables(spark, tmp_path, until_idle=True, buckets=4, progress=None)
         assert report.batches, "every round has new input"
-        inputs = {"src": src.relation(), "src2": src2.relation()}
-        check_tables(spark, tmp_path / "warehouse", sql, inputs, keyed, round_no)
+        relations = {"src": src.relation(), "src2": src2.relation()}
+        check_tables(spark, tmp_path / "warehouse", sql, relations, keyed, round_no)
     assert dead_letter_count(tmp_path, "t_project") == dead
 
 
