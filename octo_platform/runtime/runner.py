@@ -7,12 +7,23 @@ run concurrently until Ctrl-C or ``deadline``; stopping waits for the batch in f
 an interrupted batch is redone exactly once next time. A catch-up query that Spark stops
 driving (no batch started for ``STALL_S``) is replaced by a fresh one, which resumes from the
 batch log.
+
+Transient failures of Spark's machinery (see ``transient``) are retried inside the run: a
+batch that fails is run again in its handler (``BATCH_ATTEMPTS`` tries, exponential backoff);
+a query that dies outside a batch (its Python source runner did not start or died) is
+replaced by a fresh one (``QUERY_RESTARTS`` times in a row). Both are safe because a batch
+is a deterministic function of its logged inputs: ``Pipeline.run_batch`` finishes a half-done
+attempt exactly once. The project's own errors (``OctoError``, a plan Spark rejects) fail at
+once. A query starts only when no other of the run is still being set up by Spark: each
+set-up starts Python source runners that must connect back within Spark's hard-coded 10 s,
+and on a loaded machine several starting at once miss it.
 """
 from __future__ import annotations
 
 import fcntl
 import json
 import os
+import re
 import shutil
 import threading
 import time
@@ -22,7 +33,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Callable, Iterator
 
-from octo_platform.errors import RunError
+from octo_platform.errors import OctoError, RunError
 from octo_platform.project import DEFAULT_WAREHOUSE, Project, load_project
 from octo_platform.runtime.pipeline import (
     DEFAULT_BUCKETS,
@@ -41,6 +52,7 @@ __all__ = ["run_tables", "RunReport", "resolve_warehouse", "lock_tables", "open_
 @dataclass
 class RunReport:
     batches: list[BatchStats] = field(default_factory=list)
+    retries: list[str] = field(default_factory=list)  # one line per retried batch / restart
 
     def for_table(self, name: str) -> list[BatchStats]:
         return [b for b in self.batches if b.table.lower() == name.lower()]
@@ -104,27 +116,50 @@ def lock_tables(layout: Layout, tables: list[str]) -> Iterator[None]:
 
 
 class _Query:
-    """One table's streaming query and its foreachBatch handler."""
+    """One table's streaming query and its foreachBatch handler.
 
-    def __init__(self, spark: SparkSession, pipeline: Pipeline, report: RunReport,
-                 storage_options: dict[str, str] | None) -> None:
+    ``new_pipeline`` builds the table's pipeline from what is on disk; a retried batch and a
+    restarted query get a fresh one, exactly as a new run would.
+    """
+
+    def __init__(self, spark: SparkSession, new_pipeline: Callable[[], Pipeline],
+                 report: RunReport, *, storage_options: dict[str, str] | None,
+                 progress: Callable[[str], None] | None) -> None:
         self.spark = spark
-        self.pipeline = pipeline
+        self.new_pipeline = new_pipeline
+        self.pipeline = new_pipeline()
         self.report = report
         self.storage_options = storage_options
+        self.progress = progress
         self.stopping = False
+        self.wake = threading.Event()  # set by stop(): ends a retry's backoff early
         self.busy = threading.Lock()
-        self.error: BaseException | None = None
+        self.error: BaseException | None = None  # what made the handler give up
+        self.attempts = 0  # tries of the batch the handler gave up on
         self.active_at = time.monotonic()  # last time a batch started or ended
         self.restarts = 0  # stalled queries replaced (see _catch_up)
-        internal = pipeline.layout.internal(pipeline.name)
-        self.checkpoint = f"{internal}/checkpoints/{uuid.uuid4().hex}"
+        self.failures = 0  # query failures outside a batch since the last batch done
+        self.generation = 0  # queries started; a replaced query's late batches are ignored
+        self.query = None
+        self.started_at = 0.0  # when the current query was started
+        self.set_up = True  # Spark has set up the current query (see initializing)
+        self.checkpoints: list[str] = []
 
-    def handle(self, df: DataFrame, _spark_batch: int) -> None:
+    @property
+    def name(self) -> str:
+        return self.pipeline.name
+
+    def say(self, message: str) -> None:
+        self.report.retries.append(message)
+        if self.progress:
+            self.progress(message)
+
+    def handle(self, df: DataFrame, generation: int) -> None:
         with self.busy:
             self.active_at = time.monotonic()
             try:
-                self._handle(df)
+                if not self.stopping and generation == self.generation:
+                    self._handle(df)  # else: not logged, the next query plans it again
             finally:
                 self.active_at = time.monotonic()
 
@@ -133,51 +168,229 @@ class _Query:
         return not self.busy.locked() and time.monotonic() - self.active_at > STALL_S
 
     def _handle(self, df: DataFrame) -> None:
-        if self.stopping:
-            return  # not logged: the next run plans this batch again
-        rows = df.collect()
-        if not rows:
-            return
-        offset = json.loads(rows[0][0])
-        try:
-            stats = self.pipeline.run_batch(int(offset["batch"]), offset["inputs"])
-        except BaseException as e:  # noqa: BLE001 - re-raised by the runner
-            self.error = e
-            raise
+        """Run the micro-batch's octo batch; a transient failure is retried with backoff."""
+        offset: dict | None = None
+        for attempt in range(1, BATCH_ATTEMPTS + 1):
+            try:
+                if offset is None:
+                    rows = df.collect()
+                    if not rows:
+                        return
+                    offset = json.loads(rows[0][0])
+                if attempt > 1:
+                    self.pipeline = self.new_pipeline()  # state and batch log as on disk
+                stats = self.pipeline.run_batch(int(offset["batch"]), offset["inputs"])
+                break
+            except Exception as e:  # retried, or re-raised to the runner
+                if self.stopping or attempt == BATCH_ATTEMPTS or not transient(e):
+                    self.error, self.attempts = e, attempt
+                    raise
+                delay = backoff(attempt)
+                what = f"batch {offset['batch']}" if offset else "a batch"
+                self.say(f"[{self.name}] {what} failed ({describe(e)}): retrying in "
+                         f"{delay:g}s (attempt {attempt + 1} of {BATCH_ATTEMPTS})")
+                if self.wake.wait(delay):
+                    return  # stopping: not committed, the next run redoes it
+            except BaseException as e:  # KeyboardInterrupt and the like: re-raised as is
+                self.error, self.attempts = e, attempt
+                raise
+        self.failures = 0
         if not stats.skipped:
             self.report.batches.append(stats)
 
     def start(self, *, until_idle: bool, interval: str):
-        p = self.pipeline
+        """Start a new streaming query on a new checkpoint: it resumes from the batch log.
+
+        A replacement gets a fresh pipeline, and batches its predecessor's query may still
+        hand over are ignored."""
+        with self.busy:  # no batch of a previous query in flight
+            self.generation += 1
+            if self.generation > 1:
+                self.pipeline = self.new_pipeline()
+        p, generation = self.pipeline, self.generation
+        self.checkpoint = f"{p.layout.internal(p.name)}/checkpoints/{uuid.uuid4().hex}"
+        self.checkpoints.append(self.checkpoint)
         reader = (self.spark.readStream.format("octo_batches")
                   .option("inputs", json.dumps([s.to_json() for s in p.inputs]))
                   .option("log", p.layout.log(p.name))
                   .option("storage_options", json.dumps(self.storage_options or {}))
                   .load())
-        writer = (reader.writeStream.foreachBatch(self.handle)
-                  .queryName(f"octo-{self.pipeline.name}")
+        writer = (reader.writeStream
+                  .foreachBatch(lambda df, _spark_batch: self.handle(df, generation))
+                  .queryName(f"octo-{p.name}")
                   .option("checkpointLocation", self.checkpoint))
         writer = writer.trigger(availableNow=True) if until_idle else \
             writer.trigger(processingTime=interval)
-        self.active_at = time.monotonic()
+        self.active_at = self.started_at = time.monotonic()
         self.query = writer.start()
+        self.set_up = False
         return self.query
+
+    def initializing(self) -> bool:
+        """Spark is still setting the query up: starting its Python source runners, which
+        must connect back within 10 s (hard-coded in Spark). Queries are started one after
+        another's set-up so their runners do not compete for the CPU (at most ``SETUP_S``)."""
+        if not self.set_up:
+            try:
+                self.set_up = (not self.query.isActive or time.monotonic() - self.started_at
+                               > SETUP_S or self.query.status["message"] not in _SETTING_UP)
+            except Exception:  # noqa: BLE001 - a dying query is not being set up
+                self.set_up = True
+        return not self.set_up
+
+    def failed(self, cause: BaseException) -> float:
+        """The query died (or would not start) outside a batch: the delay before a fresh one
+        starts. Raises ``RunError`` when ``cause`` is not transient or the restarts of the
+        query in a row are used up."""
+        self.failures += 1
+        if not transient(cause):
+            raise RunError(f"streaming table {self.name!r} failed: "
+                           f"{type(cause).__name__}: {cause}") from cause
+        if self.failures > QUERY_RESTARTS:
+            raise RunError(
+                f"streaming table {self.name!r} failed: its streaming query stopped "
+                f"{self.failures} times in a row without finishing a batch (restarted "
+                f"{QUERY_RESTARTS} times); last cause: {describe(cause, 2000)}. Batches "
+                "already committed stay; the next run resumes where this one stopped."
+            ) from cause
+        delay = backoff(self.failures)
+        self.say(f"[{self.name}] streaming query failed ({describe(cause)}): restarting it in "
+                 f"{delay:g}s (restart {self.failures} of {QUERY_RESTARTS}; it resumes from "
+                 "the batch log)")
+        return delay
+
+    def gave_up(self) -> RunError:
+        """The error of a run whose handler gave up on a batch."""
+        cause = self.error
+        if self.attempts > 1:
+            return RunError(f"streaming table {self.name!r} failed: a batch failed "
+                            f"{self.attempts} times (retried with backoff); last cause: "
+                            f"{describe(cause, 2000)}. Batches already committed stay; the "
+                            "next run redoes this one.")
+        return RunError(f"streaming table {self.name!r} failed: "
+                        f"{type(cause).__name__}: {cause}")
+
+    def ended(self) -> float | None:
+        """The query is no longer active: None if it finished, else the delay before it is
+        replaced (a ``RunError`` if it may not be)."""
+        try:
+            self.query.awaitTermination()
+            return None
+        except Exception as e:  # noqa: BLE001 - classified by failed()
+            if self.error is not None:  # the handler gave up, after its own retries
+                raise self.gave_up() from self.error
+            return self.failed(e)
+
+    def launch(self, *, until_idle: bool, interval: str) -> float | None:
+        """``start``; on a failure to start, the delay before trying again (or ``RunError``)."""
+        try:
+            self.start(until_idle=until_idle, interval=interval)
+            return None
+        except Exception as e:  # noqa: BLE001 - classified by failed()
+            return self.failed(e)
 
     def stop(self) -> None:
         self.stopping = True
+        self.wake.set()
         with self.busy:  # wait for the batch in flight
             pass
-        self.query.stop()
+        if self.query is not None:
+            self.query.stop()
 
     def cleanup(self) -> None:
-        if "://" not in self.checkpoint:
-            shutil.rmtree(self.checkpoint, ignore_errors=True)
+        for path in self.checkpoints:
+            if "://" not in path:
+                shutil.rmtree(path, ignore_errors=True)
 
 
 _REGISTERED: set[int] = set()
-DEFAULT_PARALLEL = 3  # catch-up queries at once: overlaps start-up and driver work of several
+# Catch-up queries at once: overlaps one query's start-up and driver work with another's
+# jobs. Measured on 2 cores (12 tables, 22 batches a run): 2 used 14% less CPU than 3 and
+# was faster at load 8-12, 3 was 5-10% faster at load 3-7; not worth a change alone.
+DEFAULT_PARALLEL = 3
 STALL_S = 300.0  # a catch-up query whose handler Spark has not called for this long is stuck
 STALL_RESTARTS = 2  # ... and is restarted (it resumes exactly once) this often before failing
+BATCH_ATTEMPTS = 4  # tries of a batch that fails transiently, in its handler
+QUERY_RESTARTS = 5  # fresh queries for one that died outside a batch, in a row
+RETRY_BASE_S = 2.0  # backoff before retry n: RETRY_BASE_S * 2**(n-1), at most RETRY_MAX_S
+RETRY_MAX_S = 30.0
+SETUP_S = 30.0  # at most this long a query's set-up holds back the start of the next one
+_SETTING_UP = ("Initializing sources", "Initializing StreamExecution")
+# In the text of an error Spark wraps (a Python worker's traceback, a failed query), signs
+# that retrying cannot help: our own errors, a bug in Python code, a Python that cannot import
+# the package (see PYSPARK_PYTHON). A worker that crashed or did not connect back has none.
+_PERMANENT = re.compile(
+    r"octo_platform\.errors\.|No module named|^\s*(?:[\w.]+\.)?(?:TypeError|KeyError|"
+    r"AttributeError|NameError|UnboundLocalError|AssertionError|ValueError|IndexError|"
+    r"ZeroDivisionError|NotImplementedError|ImportError|ModuleNotFoundError|RecursionError|"
+    r"SyntaxError)(?::|$)", re.MULTILINE)
+
+
+def transient(error: BaseException) -> bool:
+    """Whether ``error`` is a failure of Spark's machinery that a retry may not meet again:
+    a Python worker that did not start or connect back, a lost executor or task, a broken
+    Py4J or socket connection, a failed Delta commit. Not: octo's own errors (``OctoError``:
+    bad SQL, a changed plan, a missing upstream), a plan or value Spark rejects, or a bug in
+    Python code (``TypeError``, ``KeyError``, ...)."""
+    from py4j.protocol import Py4JError
+    from pyspark.errors import (
+        AnalysisException,
+        ArithmeticException,
+        ArrayIndexOutOfBoundsException,
+        DateTimeException,
+        IllegalArgumentException,
+        PySparkRuntimeError,
+        SparkUpgradeException,
+        UnsupportedOperationException,
+    )
+    from pyspark.errors.exceptions.captured import CapturedException
+
+    if not isinstance(error, Exception) or isinstance(error, OctoError):
+        return False
+    if isinstance(error, (AnalysisException, ArithmeticException, ArrayIndexOutOfBoundsException,
+                          DateTimeException, IllegalArgumentException, SparkUpgradeException,
+                          UnsupportedOperationException)):
+        return False
+    if _PERMANENT.search(str(error)):
+        return False
+    from pyspark.errors import (
+        PythonException,
+        SparkRuntimeException,
+        StreamingQueryException,
+        UnknownException,
+    )
+
+    if isinstance(error, (CapturedException, StreamingQueryException, PythonException,
+                          UnknownException, SparkRuntimeException, PySparkRuntimeError,
+                          Py4JError, OSError, EOFError)):
+        return True
+    from deltalake.exceptions import (
+        DeltaError,
+        DeltaProtocolError,
+        SchemaMismatchError,
+        TableNotFoundError,
+    )
+
+    return isinstance(error, DeltaError) and not isinstance(
+        error, (DeltaProtocolError, SchemaMismatchError, TableNotFoundError))
+
+
+def backoff(retry: int) -> float:
+    """Seconds to wait before retry number ``retry`` (1, 2, ...): doubling, capped."""
+    return min(RETRY_MAX_S, RETRY_BASE_S * 2 ** (retry - 1))
+
+
+def describe(error: BaseException | None, limit: int = 300) -> str:
+    """``Type: first line of the message`` (Spark's messages carry whole stack traces; a raw
+    Py4J error's first line only names the call, its second the Java exception)."""
+    if error is None:
+        return "unknown error"
+    lines = [ln.strip() for ln in str(error).splitlines() if ln.strip()]
+    first = lines[0] if lines else ""
+    if first.startswith("An error occurred while calling") and len(lines) > 1:
+        first = f"{first} {lines[1].lstrip(': ')}"
+    text = f"{type(error).__name__}: {first}".rstrip(": ")
+    return text if len(text) <= limit else text[: limit - 3] + "..."
 
 
 def _register(spark: SparkSession) -> None:
@@ -215,59 +428,90 @@ def run_tables(
     _register(spark)
     report = RunReport()
     with lock_tables(layout, [t.name for t in tables]):
-        pipelines = [Pipeline(spark, proj, t, layout, env, buckets=buckets, progress=progress)
-                     for t in tables]
-        queries = [_Query(spark, p, report, storage_options) for p in pipelines]
+        queries = [_Query(spark, _pipeline_factory(spark, proj, t, layout, env, buckets=buckets,
+                                                   progress=progress),
+                          report, storage_options=storage_options, progress=progress)
+                   for t in tables]
         if until_idle:
-            _catch_up(queries, parallel, progress)
+            _catch_up(queries, parallel)
         else:
             _run_continuously(queries, interval, deadline, progress)
     return report
 
 
-def _catch_up(queries: list[_Query], parallel: int,
-              progress: Callable[[str], None] | None = None) -> None:
+def _pipeline_factory(spark: SparkSession, proj: Project, table, layout: Layout,
+                      env: Environment, *, buckets: int,
+                      progress: Callable[[str], None] | None) -> Callable[[], Pipeline]:
+    """Builds ``table``'s pipeline from what is on disk (its batch log, checked plan)."""
+    return lambda: Pipeline(spark, proj, table, layout, env, buckets=buckets, progress=progress)
+
+
+def _catch_up(queries: list[_Query], parallel: int) -> None:
     """Run every query to idle, at most ``parallel`` at once, each once its upstream tables
-    in this run are done (so it sees their output of the same run). A query Spark stops
-    driving (no batch started for ``STALL_S``) is stopped and started again: the new query
-    resumes from the batch log, so nothing is lost or doubled."""
-    by_name = {q.pipeline.name.lower(): q for q in queries}
+    in this run are done (so it sees their output of the same run). A query that fails
+    outside a batch, or that Spark stops driving (no batch started for ``STALL_S``), is
+    replaced by a new one: it resumes from the batch log, so nothing is lost or doubled."""
+    by_name = {q.name.lower(): q for q in queries}
     deps = {n: {d.lower() for d in q.pipeline.table.definition.deps} & set(by_name)
             for n, q in by_name.items()}
     done: set[str] = set()
-    running: dict[str, object] = {}
+    running: set[str] = set()
+    due: dict[str, float] = {}  # failed queries: when their replacement starts
+
+    def launch(n: str) -> None:
+        delay = by_name[n].launch(until_idle=True, interval="0 seconds")
+        if delay is None:
+            running.add(n)
+        else:
+            due[n] = time.monotonic() + delay
+
+    def setting_up() -> bool:
+        return any(by_name[n].initializing() for n in running)
+
     try:
         while len(done) < len(by_name):
-            for n in by_name:
-                if len(running) >= max(1, parallel):
+            for n in [n for n, at in due.items() if at <= time.monotonic()]:
+                if setting_up():
                     break
-                if n not in done and n not in running and deps[n] <= done:
-                    running[n] = by_name[n].start(until_idle=True, interval="0 seconds")
-            finished = [n for n, query in running.items() if not query.isActive]
+                del due[n]
+                launch(n)
+            for n in by_name:
+                if len(running) + len(due) >= max(1, parallel) or setting_up():
+                    break
+                if n not in done and n not in running and n not in due and deps[n] <= done:
+                    launch(n)
+            finished = [n for n in running if not by_name[n].query.isActive]
             for n in finished:
-                _await(by_name[n], running.pop(n))
-                done.add(n)
+                running.discard(n)
+                delay = by_name[n].ended()
+                if delay is None:
+                    done.add(n)
+                    by_name[n].cleanup()
+                else:
+                    due[n] = time.monotonic() + delay
             for n in [n for n in running if by_name[n].stalled()]:
                 q = by_name[n]
                 if q.restarts >= STALL_RESTARTS:
                     raise RunError(
-                        f"streaming table {q.pipeline.name!r}: Spark's query made no progress "
+                        f"streaming table {q.name!r}: Spark's query made no progress "
                         f"for {STALL_S:.0f}s (no batch started), {q.restarts} time(s) in a "
                         "row; stopped it. Run again: the next run resumes where this one "
                         "stopped.")
-                if progress:
-                    progress(f"[{q.pipeline.name}] no batch started for {STALL_S:.0f}s: "
-                             "restarting its streaming query (it resumes exactly once)")
-                _stop_quietly(running[n])
+                q.say(f"[{q.name}] no batch started for {STALL_S:.0f}s: "
+                      "restarting its streaming query (it resumes exactly once)")
+                _stop_quietly(q.query)
                 q.restarts += 1
-                running[n] = q.start(until_idle=True, interval="0 seconds")
+                running.discard(n)
+                launch(n)
             if not finished:
                 time.sleep(0.05)
     finally:
-        for n, query in running.items():
+        for n in running:
             by_name[n].stopping = True
-            query.stop()
-            by_name[n].cleanup()
+            by_name[n].wake.set()
+            _stop_quietly(by_name[n].query)
+        for q in queries:
+            q.cleanup()
 
 
 def _stop_quietly(query) -> None:
@@ -278,33 +522,35 @@ def _stop_quietly(query) -> None:
         pass
 
 
-def _await(q: _Query, query) -> None:
-    try:
-        query.awaitTermination()
-    except Exception as e:
-        cause = q.error or e
-        raise RunError(f"streaming table {q.pipeline.name!r} failed: "
-                       f"{type(cause).__name__}: {cause}") from cause
-    finally:
-        q.cleanup()
-
-
 def _run_continuously(queries: list[_Query], interval: str, deadline: float | None,
                       progress: Callable[[str], None] | None) -> None:
-    running = [(q, q.start(until_idle=False, interval=interval)) for q in queries]
+    """Run every query until ``deadline`` or Ctrl-C; a query that fails outside a batch is
+    replaced by a new one (``QUERY_RESTARTS`` times in a row, with backoff)."""
+    due = {id(q): 0.0 for q in queries}  # queries to (re)start, and when
     try:
         while deadline is None or time.time() < deadline:
-            for q, query in running:
-                if not query.isActive:
-                    _await(q, query)
-                    raise RunError(f"streaming table {q.pipeline.name!r} stopped unexpectedly")
-            time.sleep(0.5)
+            for q in queries:
+                if id(q) in due:
+                    if due[id(q)] <= time.monotonic() and not any(
+                            o.initializing() for o in queries if id(o) not in due):
+                        delay = q.launch(until_idle=False, interval=interval)
+                        if delay is None:
+                            del due[id(q)]
+                        else:
+                            due[id(q)] = time.monotonic() + delay
+                elif not q.query.isActive:
+                    delay = q.ended()
+                    if delay is None:
+                        raise RunError(f"streaming table {q.name!r} stopped unexpectedly")
+                    due[id(q)] = time.monotonic() + delay
+            time.sleep(0.5 if not due else 0.05)
         if progress:
             progress("deadline reached: stopping after the batches in flight")
     except KeyboardInterrupt:
         if progress:
             progress("interrupted: stopping after the batches in flight")
     finally:
-        for q, _ in running:
-            q.stop()
+        for q in queries:
+            if q.query is not None and id(q) not in due:
+                q.stop()
             q.cleanup()
