@@ -33,6 +33,9 @@ DEFAULT_CONF = {
     "spark.sql.adaptive.enabled": "false",
     "spark.driver.memory": "4g",
     "spark.sql.execution.arrow.pyspark.enabled": "true",
+    # Spark keeps 100 compiled code-generated classes; one batch of a join + aggregate table
+    # needs ~130, so every batch compiled them all again (~1 s of Janino per one-row batch).
+    "spark.sql.codegen.cache.maxEntries": "4000",
     # Stopping a query waits this long for its thread, then fails instead of hanging.
     "spark.sql.streaming.stopTimeout": "60s",
 }

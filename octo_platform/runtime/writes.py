@@ -85,7 +85,11 @@ def write_outputs(outputs: list[Output], *, batch: int, store: Store) -> Written
         union = union.unionAll(t)
     meta = [(o.path, o.bucketed, schemas[i], f"{o.prefix}-b{batch:08d}-{uuid.uuid4().hex[:8]}",
              o.report) for i, o in enumerate(todo)]
-    files = union.mapInArrow(_writer(meta, store.opener()), _FILE_SCHEMA).collect()
+    # One write task per core, not one per output partition: a task's fixed cost (a Python
+    # worker's Arrow stream, its files) is what a small batch pays most for.
+    tasks = union.sparkSession.sparkContext.defaultParallelism
+    files = union.coalesce(tasks).mapInArrow(_writer(meta, store.opener()),
+                                             _FILE_SCHEMA).collect()
     for key in dict.fromkeys(o.key for o in todo):
         mine = [i for i, o in enumerate(todo) if o.key == key]
         first = todo[mine[0]]
