@@ -123,6 +123,7 @@ class Pipeline:
         if batch != log.last_committed + 1:
             raise RunError(f"{self.name}: batch {batch} follows {log.last_committed}")
         pending = log.pending()
+        resumed = pending is not None  # an earlier attempt may have committed some tables
         if pending is not None:
             _, inputs, ts_ms = pending
         else:
@@ -135,22 +136,30 @@ class Pipeline:
             return publish_recomputed(self, batch, inputs[RECOMPUTED], pinned, ts_ms, stats,
                                       started)
         store = self.env.store
+        state_logs: dict[str, list] = {}  # a state table's pinned files, read once a batch
+
+        def state_log(t: str) -> list:
+            if t not in state_logs:
+                state_logs[t] = store.data_files(self.layout.state(self.name, t),
+                                                 pinned.get(f"state/{t}"))
+            return state_logs[t]
+
         ctx = BatchContext(
             self.spark, batch, self.buckets, {},
             lambda t, b: store.files(self.layout.state(self.name, t), pinned.get(f"state/{t}"), b),
-            state_log=lambda t: store.data_files(self.layout.state(self.name, t),
-                                                 pinned.get(f"state/{t}")),
-            memo=self.memo)
+            state_log=state_log, memo=self.memo)
         jobs = JobCounter(self.spark, f"octo {self.name} batch {batch}")
         try:
             observed = read_inputs(self, ctx, inputs, stats)
             delta = evaluate(self.table.physical.root, ctx)
             events = encode(self, ctx, delta, ts_ms)
-            written = write_batch(self, ctx, events, pinned)
+            written = write_batch(self, ctx, events, pinned, resumed=resumed)
             versions = {**pinned, **written.versions}
-            versions["current"] = update_current(self, batch, events, written, pinned)
+            versions["current"] = update_current(self, batch, events, written, pinned,
+                                                 resumed=resumed)
             stats.events = events.counts()
-            write_dead_letters(self, settle_inputs(observed, stats), batch, ts_ms)
+            write_dead_letters(self, settle_inputs(observed, stats), batch, ts_ms,
+                               resumed=resumed)
         finally:
             ctx.release()
             stats.spark_jobs = jobs.stop()

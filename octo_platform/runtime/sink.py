@@ -52,9 +52,9 @@ def event_bucket(pipe: Pipeline) -> str:
 
 
 def write_batch(pipe: Pipeline, ctx: BatchContext, events: Events,
-                pinned: dict[str, int | None]) -> Written:
+                pinned: dict[str, int | None], *, resumed: bool) -> Written:
     """Write the batch's changelog and operator state in one Spark job and commit each
-    table once (idempotently)."""
+    table once (idempotently; ``resumed`` as in ``write_outputs``)."""
     lay = pipe.layout
     outputs = [Output(f"state/{w.table}", lay.state(pipe.name, w.table), w.data,
                       bucketed=w.buckets is not None,
@@ -63,11 +63,11 @@ def write_batch(pipe: Pipeline, ctx: BatchContext, events: Events,
                for w in ctx.writes
                if w.buckets != [] or pinned.get(f"state/{w.table}") is None]
     outputs.append(Output("changelog", lay.changelog(pipe.name), events.rows, report=_CB))
-    return write_outputs(outputs, batch=ctx.batch, store=pipe.env.store)
+    return write_outputs(outputs, batch=ctx.batch, store=pipe.env.store, resumed=resumed)
 
 
 def update_current(pipe: Pipeline, batch: int, events: Events, written: Written,
-                   pinned: dict[str, int | None]) -> int | None:
+                   pinned: dict[str, int | None], *, resumed: bool) -> int | None:
     """Rewrite the current-state buckets this batch's events fall in: their old rows
     plus the events (read back from the changelog files the batch added). The new
     version of the current-state table."""
@@ -107,10 +107,11 @@ def update_current(pipe: Pipeline, batch: int, events: Events, written: Written,
                 .selectExpr(*cols, f"explode(sequence(1, CAST({w} AS INT))) AS _i"))
     rows = rows.selectExpr(*cols, f"{bucket_sql(current_key(pipe), pipe.buckets)} AS {BUCKET}")
     return write_outputs([Output("current", path, rows, bucketed=True, replace=touched)],
-                         batch=batch, store=store).versions["current"]
+                         batch=batch, store=store, resumed=resumed).versions["current"]
 
 
-def write_dead_letters(pipe: Pipeline, dead: list[DataFrame], batch: int, ts_ms: int) -> None:
+def write_dead_letters(pipe: Pipeline, dead: list[DataFrame], batch: int, ts_ms: int, *,
+                       resumed: bool) -> None:
     """Append the batch's bad records (if any) to the table's dead-letter table."""
     if not dead:
         return
@@ -119,7 +120,7 @@ def write_dead_letters(pipe: Pipeline, dead: list[DataFrame], batch: int, ts_ms:
         "raw", "source_file", "source", "reason", f"'{name}' AS table",
         f"CAST({batch} AS BIGINT) AS batch_id", f"CAST({ts_ms} AS BIGINT) AS ts_ms")
     write_outputs([Output("dead_letters", pipe.layout.dead_letters(pipe.name), rows)],
-                  batch=batch, store=pipe.env.store)
+                  batch=batch, store=pipe.env.store, resumed=resumed)
 
 
 def _sum_weight():

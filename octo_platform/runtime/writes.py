@@ -58,14 +58,17 @@ class Written:
     wrote: set[str]
 
 
-def write_outputs(outputs: list[Output], *, batch: int, store: Store) -> Written:
+def write_outputs(outputs: list[Output], *, batch: int, store: Store,
+                  resumed: bool = True) -> Written:
     """Write and commit ``outputs`` as batch ``batch`` (one Spark job, one commit per table).
 
-    Tables that already hold the batch (a half-finished earlier attempt) are left alone."""
+    ``resumed``: an earlier attempt of the batch may have committed some of the tables;
+    those that already hold the batch are left alone (a first attempt skips asking)."""
     from pyspark.sql import functions as F
     from pyspark.sql.pandas.types import to_arrow_schema
 
-    done = {o.key for o in outputs if store.done(o.path, app_id=APP_ID, batch=batch)}
+    done = {o.key for o in outputs
+            if resumed and store.done(o.path, app_id=APP_ID, batch=batch)}
     todo = [o for o in outputs if o.key not in done]
     written = Written({o.key: store.version(o.path) for o in outputs if o.key in done}, {},
                       {o.key for o in todo})
