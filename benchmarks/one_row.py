@@ -2,7 +2,8 @@
 its last commit (issue 9 target: ≤ 0.4 s).
 
     PYSPARK_PYTHON=$(which python) python benchmarks/one_row.py \
-        [--history-events 100000 --warmup 3 --rows 9 --out /tmp/octo-bench/one_row]
+        [--history-events 100000 --warmup 3 --rows 9 --out /tmp/octo-bench/one_row] \
+        [--conf KEY=VALUE ...]
 
 The table is Nexmark q4 (``auctions JOIN bids`` with a MAX per auction, then an AVG per
 category; see nexmark_joins.py) over Parquet sources with ``max_files_per_batch = '1'``.
@@ -126,8 +127,11 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--rows", type=int, default=9)
     ap.add_argument("--seed", type=int, default=11)
     ap.add_argument("--out", type=Path, default=Path("/tmp/octo-bench/one_row"))
+    ap.add_argument("--conf", action="append", default=[], metavar="KEY=VALUE",
+                    help="a Spark setting for the session (repeatable), e.g. to compare "
+                         "spark.sql.codegen.cache.maxEntries=100 with octo's default")
     args = ap.parse_args(argv)
-    spark = session()
+    spark = session(dict(c.split("=", 1) for c in args.conf))
     try:
         env = env_info(spark)
         res = measure(spark, args.out, history_events=args.history_events, warmup=args.warmup,
