@@ -25,19 +25,12 @@ from octo_platform.errors import PlanError, RunError
 from octo_platform.project import load_project
 from octo_platform.runtime import pipeline, runner
 from octo_platform.runtime.runner import run_tables, transient
+from tests import test_crash
 from tests.oracle import RandomInput, check_tables, write_lines
 
-SQL = """
-CREATE SOURCE src ({ddl}) WITH (connector = 'files', path = 'data/src', format = 'json',
-    max_files_per_batch = '1');
-CREATE STREAMING TABLE per_k AS SELECT k, COUNT(*) AS n, SUM(v) AS s, MAX(v) AS top
-    FROM src GROUP BY k;
-CREATE STREAMING TABLE histogram AS SELECT n, COUNT(*) AS ks, MIN(top) AS low
-    FROM per_k GROUP BY n;
-CREATE STREAMING TABLE enriched AS SELECT s.id, s.v, p.n FROM src s
-    LEFT JOIN per_k p ON s.k = p.k AND p.n > 2;
-"""
-TABLES = ("per_k", "histogram", "enriched")
+# The crash test's project (an aggregate, an aggregate of it, a join with it) over JSON.
+SQL = test_crash.SQL.replace("{fmt}", "json")
+TABLES = test_crash.TABLES
 # Under load: an aggregate and a filter side by side, then an aggregate of the aggregate.
 LOAD_SQL = """
 CREATE SOURCE src ({ddl}) WITH (connector = 'files', path = 'data/src', format = 'json',
