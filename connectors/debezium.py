@@ -8,9 +8,8 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
-from octo_platform.logical.plan import quote
-from octo_platform.runtime.columns import WEIGHT
-from octo_platform.runtime.operators import sql_expr
+from octo_platform.columns import WEIGHT
+from octo_platform.sqltext import quote, sql_expr
 
 if TYPE_CHECKING:
     from pyspark.sql import DataFrame

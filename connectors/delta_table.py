@@ -14,10 +14,9 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
+from octo_platform.columns import WEIGHT
 from octo_platform.errors import RunError
-from octo_platform.logical.plan import quote
-from octo_platform.runtime.columns import WEIGHT
-from octo_platform.runtime.operators import sql_expr
+from octo_platform.sqltext import quote, sql_expr
 
 if TYPE_CHECKING:
     from pyspark.sql import DataFrame, SparkSession

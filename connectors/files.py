@@ -13,8 +13,8 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Callable
 
 from connectors import debezium
-from octo_platform.logical.plan import quote
-from octo_platform.runtime.columns import WEIGHT
+from octo_platform.columns import WEIGHT
+from octo_platform.sqltext import quote
 
 if TYPE_CHECKING:
     from pyspark.sql import DataFrame, SparkSession

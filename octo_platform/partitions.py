@@ -18,7 +18,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from datetime import datetime, timedelta, timezone
 
-from octo_platform.logical.plan import quote
+from octo_platform.sqltext import quote
 
 __all__ = ["Partitioning", "GRANULARITIES", "parse_time"]
 

@@ -5,7 +5,8 @@ import pytest
 
 from octo_platform.frontend.binder import build_catalog
 from octo_platform.frontend.parser import parse_sql
-from octo_platform.logical.lineage import column_lineage, column_types, referenced_columns
+from octo_platform.logical.lineage import column_lineage, column_types
+from octo_platform.sqltext import referenced_columns
 
 SOURCES = """
 CREATE SOURCE orders (id BIGINT, customer BIGINT, amount DOUBLE, qty INT, note STRING,

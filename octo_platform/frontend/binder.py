@@ -5,7 +5,6 @@ maintain incrementally live here, next to the AST, so every error can point at t
 """
 from __future__ import annotations
 
-import re
 from dataclasses import dataclass, field, replace
 from typing import Callable
 
@@ -13,7 +12,6 @@ from sqlglot import exp
 
 from octo_platform.errors import CatalogError, PlanError, SqlError
 from octo_platform.frontend.parser import (
-    DIALECT,
     SourceStmt,
     SqlFile,
     Statement,
@@ -32,9 +30,9 @@ from octo_platform.logical.plan import (
     SortKey,
     TopN,
     UnionAll,
-    quote,
 )
 from octo_platform.partitions import GRANULARITIES, Partitioning, parse_time
+from octo_platform.sqltext import DIALECT, quote, referenced_columns
 
 __all__ = ["SourceDef", "TableDef", "Catalog", "build_catalog"]
 
@@ -993,31 +991,23 @@ def _push_filter(node: Node, cond: exp.Expression) -> Node | None:
     return None
 
 
-_QUOTED = re.compile(r"`((?:[^`]|``)+)`")
-
-
-def _refs(*sql: str | None) -> set[str]:
-    """Column names an expression reads (the binder quotes every column reference)."""
-    return {m.replace("``", "`") for text in sql if text for m in _QUOTED.findall(text)}
-
-
 def _prune(node: Node, needed: set[str]) -> Node:
     """Drop the columns nothing above reads before they reach a join, so join state keeps
     only what the query uses. ``needed`` ⊆ ``node.columns``; the result keeps at least those."""
     if isinstance(node, Project):
         keep = [(c, e) for c, e in zip(node.columns, node.exprs) if c in needed]
-        child = _prune(node.input, _refs(*(e for _, e in keep)))
+        child = _prune(node.input, referenced_columns(*(e for _, e in keep)))
         pk = node.pk if node.pk is not None and set(node.pk) <= needed else None
         return replace(node, columns=tuple(c for c, _ in keep), exprs=tuple(e for _, e in keep),
                        pk=pk, input=child)
     if isinstance(node, Filter):
-        child = _prune(node.input, needed | _refs(node.condition))
+        child = _prune(node.input, needed | referenced_columns(node.condition))
         return replace(node, columns=child.columns, pk=child.pk, input=child)
     if isinstance(node, Aggregate):
         args = {a.arg for a in node.aggs if a.arg is not None}
         return replace(node, input=_prune(node.input, set(node.keys) | args))
     if isinstance(node, Join):
-        needed = needed | _refs(*node.left_keys, *node.right_keys, node.residual)
+        needed = needed | referenced_columns(*node.left_keys, *node.right_keys, node.residual)
         nl = len(node.left.columns)
         sides = []
         for child, names in ((node.left, node.names[:nl]), (node.right, node.names[nl:])):

@@ -16,6 +16,7 @@ from sqlglot.errors import ParseError, TokenError
 from sqlglot.tokens import Token, TokenType
 
 from octo_platform.errors import Location, SqlError
+from octo_platform.sqltext import DIALECT
 
 __all__ = [
     "SourceStmt",
@@ -25,10 +26,7 @@ __all__ = [
     "SqlFile",
     "parse_file",
     "parse_sql",
-    "DIALECT",
 ]
-
-DIALECT = "spark"
 
 
 class SqlFile:

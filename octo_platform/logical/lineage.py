@@ -22,24 +22,16 @@ from octo_platform.logical.plan import (
     TopN,
     UnionAll,
 )
+from octo_platform.sqltext import referenced_columns, unquote
 
-__all__ = ["Origin", "column_lineage", "column_types", "referenced_columns"]
+__all__ = ["Origin", "column_lineage", "column_types"]
 
 Origin = tuple[str, str]  # (scan name: a source or streaming table, column)
 
-_QUOTED = re.compile(r"`((?:[^`]|``)+)`")
-_STRING = re.compile(r"'(?:[^'\\]|\\.)*'")
 _CAST = re.compile(r"^(?:CAST|TRY_CAST)\((.*) AS ([A-Za-z][A-Za-z0-9_(), ]*)\)$", re.S)
 _ROUND = re.compile(r"^(?:ROUND|BROUND)\(`((?:[^`]|``)+)`(?:, -?\d+)?\)$")
 _INTEGRAL = ("TINYINT", "SMALLINT", "INT", "BIGINT")
 _FLOATING = ("FLOAT", "DOUBLE")
-
-
-def referenced_columns(sql: str | None) -> set[str]:
-    """Input columns a plan expression reads (string literals ignored)."""
-    if not sql:
-        return set()
-    return {m.replace("``", "`") for m in _QUOTED.findall(_STRING.sub("''", sql))}
 
 
 def column_lineage(node: Node) -> dict[str, frozenset[Origin]]:
@@ -133,9 +125,9 @@ def _types(node: Node, table_types) -> list[str | None]:
 
 
 def _expr_type(expr: str, inner: Mapping[str, str | None]) -> str | None:
-    refs = _QUOTED.fullmatch(expr)
-    if refs is not None:
-        return inner.get(refs.group(1).replace("``", "`"))
+    column = unquote(expr)
+    if column is not None:
+        return inner.get(column)
     if (cast := _CAST.match(expr)) is not None and _one_call(expr):
         return cast.group(2).strip().upper()
     if (rnd := _ROUND.match(expr)) is not None:

@@ -8,6 +8,8 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Literal
 
+from octo_platform.sqltext import quote
+
 __all__ = [
     "Mode",
     "Node",
@@ -22,17 +24,11 @@ __all__ = [
     "SortKey",
     "JoinKind",
     "explain",
-    "quote",
 ]
 
 Mode = Literal["append-only", "updating"]
 JoinKind = Literal["inner", "left", "right", "full", "semi", "anti"]
 AGG_FUNCS = ("count", "sum", "avg", "min", "max")
-
-
-def quote(name: str) -> str:
-    """A Spark SQL identifier."""
-    return "`" + name.replace("`", "``") + "`"
 
 
 @dataclass(frozen=True)

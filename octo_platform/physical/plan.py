@@ -11,7 +11,8 @@ from dataclasses import dataclass, field
 from typing import Literal
 
 from octo_platform.logical import plan as lp
-from octo_platform.logical.plan import Mode, quote
+from octo_platform.logical.plan import Mode
+from octo_platform.sqltext import quote
 
 __all__ = [
     "PNode",

@@ -6,7 +6,7 @@ import threading
 import uuid
 from typing import TYPE_CHECKING, Any
 
-from octo_platform.runtime.operators import sql_expr
+from octo_platform.sqltext import sql_expr
 
 if TYPE_CHECKING:
     from pyspark.sql import DataFrame, SparkSession

@@ -7,14 +7,14 @@ import shutil
 import time
 from typing import TYPE_CHECKING, Any
 
+from octo_platform.columns import BUCKET, WEIGHT
 from octo_platform.errors import RunError
-from octo_platform.logical.plan import quote
-from octo_platform.runtime.columns import BUCKET, WEIGHT
 from octo_platform.runtime.layout import Layout, ScratchLayout
 from octo_platform.runtime.operators import consolidate
 from octo_platform.runtime.sink import Events
 from octo_platform.runtime.state_log import STATE_FORMAT
 from octo_platform.runtime.writes import Output, write_outputs
+from octo_platform.sqltext import quote
 
 if TYPE_CHECKING:
     from pyspark.sql import DataFrame

@@ -6,11 +6,11 @@ from __future__ import annotations
 from functools import reduce
 from typing import TYPE_CHECKING
 
-from octo_platform.logical.plan import quote
-from octo_platform.runtime.columns import BUCKET, WEIGHT
+from octo_platform.columns import BUCKET, WEIGHT
 from octo_platform.runtime.metrics import metrics, observe
-from octo_platform.runtime.operators import BatchContext, bucket_sql, consolidate, sql_expr
+from octo_platform.runtime.operators import BatchContext, bucket_sql, consolidate
 from octo_platform.runtime.writes import Output, Written, write_outputs
+from octo_platform.sqltext import quote, sql_expr
 
 if TYPE_CHECKING:
     from pyspark.sql import DataFrame

@@ -21,7 +21,7 @@ from __future__ import annotations
 import posixpath
 from typing import TYPE_CHECKING, Any, Callable
 
-from octo_platform.logical.plan import quote
+from octo_platform.sqltext import quote
 
 if TYPE_CHECKING:
     from pyspark.sql import DataFrame, SparkSession

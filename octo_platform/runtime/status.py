@@ -9,8 +9,8 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
+from octo_platform.columns import BUCKET
 from octo_platform.project import Project
-from octo_platform.runtime.columns import BUCKET
 from octo_platform.runtime.inputs import input_specs
 from octo_platform.runtime.layout import Layout
 from octo_platform.runtime.offsets import BatchLog, available

@@ -14,7 +14,7 @@ from dataclasses import dataclass
 from collections.abc import Callable, Iterator
 from typing import TYPE_CHECKING, Any, Literal
 
-from octo_platform.runtime.columns import BUCKET
+from octo_platform.columns import BUCKET
 from octo_platform.runtime.offsets import Store
 
 if TYPE_CHECKING:

@@ -14,8 +14,8 @@ from __future__ import annotations
 from functools import reduce
 from typing import TYPE_CHECKING
 
+from octo_platform.columns import WEIGHT
 from octo_platform.physical.plan import PAggregate, PJoin, PNode, PSource, PStateless, PTopN, PUnion
-from octo_platform.runtime.columns import WEIGHT
 from octo_platform.runtime.operators.aggregate import Aggregate
 from octo_platform.runtime.operators.context import (
     BatchContext,
@@ -25,7 +25,6 @@ from octo_platform.runtime.operators.context import (
     apply_steps,
     bucket_sql,
     consolidate,
-    sql_expr,
     touched_buckets,
 )
 from octo_platform.runtime.operators.join import Join
@@ -35,7 +34,7 @@ if TYPE_CHECKING:
     from pyspark.sql import DataFrame
 
 __all__ = ["StateReader", "StagedWrite", "BatchContext", "evaluate", "bucket_sql",
-           "apply_steps", "consolidate", "sql_expr", "touched_buckets"]
+           "apply_steps", "consolidate", "touched_buckets"]
 
 
 def evaluate(node: PNode, ctx: BatchContext) -> DataFrame:

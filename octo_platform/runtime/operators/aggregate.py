@@ -4,11 +4,11 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
-from octo_platform.logical.plan import quote
+from octo_platform.columns import COUNT
 from octo_platform.physical.plan import PAggregate
-from octo_platform.runtime.columns import COUNT
-from octo_platform.runtime.operators.context import BatchContext, StagedWrite, W, sql_expr
+from octo_platform.runtime.operators.context import BatchContext, StagedWrite, W
 from octo_platform.runtime.state_log import BATCH, latest, merge_keyed
+from octo_platform.sqltext import quote, sql_expr
 
 if TYPE_CHECKING:
     from pyspark.sql import DataFrame

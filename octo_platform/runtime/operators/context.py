@@ -9,16 +9,16 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Callable, Protocol
 
-from octo_platform.logical.plan import quote
-from octo_platform.runtime.columns import BUCKET, COUNT, WEIGHT
+from octo_platform.columns import BUCKET, COUNT, WEIGHT
 from octo_platform.runtime.state_log import StateFile, compaction
+from octo_platform.sqltext import quote, sql_expr
 
 if TYPE_CHECKING:
     from pyspark.sql import DataFrame, SparkSession
     from pyspark.sql.types import StructType
 
 __all__ = ["StateReader", "StagedWrite", "BatchContext", "bucket_sql", "apply_steps",
-           "consolidate", "touched_buckets", "positional", "side_schema", "sql_expr", "W"]
+           "consolidate", "touched_buckets", "positional", "side_schema", "W"]
 
 W = quote(WEIGHT)
 
@@ -122,11 +122,4 @@ def side_schema(schema: Any, names: list[str]) -> Any:
 
     fields = [StructField(c, f.dataType) for c, f in zip(positional(names), schema.fields)]
     return StructType([*fields, StructField(COUNT, LongType())])
-
-
-def sql_expr(sql: str):
-    """A Column from Spark SQL text."""
-    from pyspark.sql import functions as F
-
-    return F.expr(sql)
 

@@ -4,9 +4,8 @@ from __future__ import annotations
 from functools import reduce
 from typing import TYPE_CHECKING, Any
 
-from octo_platform.logical.plan import quote
+from octo_platform.columns import COUNT
 from octo_platform.physical.plan import PJoin
-from octo_platform.runtime.columns import COUNT
 from octo_platform.runtime.operators.context import (
     BatchContext,
     StagedWrite,
@@ -14,9 +13,9 @@ from octo_platform.runtime.operators.context import (
     consolidate,
     positional,
     side_schema,
-    sql_expr,
 )
 from octo_platform.runtime.state_log import merge_weighted, read_log
+from octo_platform.sqltext import quote, sql_expr
 
 if TYPE_CHECKING:
     from pyspark.sql import DataFrame

@@ -3,9 +3,8 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
-from octo_platform.logical.plan import quote
+from octo_platform.columns import BUCKET, COUNT, WEIGHT
 from octo_platform.physical.plan import PTopN
-from octo_platform.runtime.columns import BUCKET, COUNT, WEIGHT
 from octo_platform.runtime.operators.context import (
     BatchContext,
     StagedWrite,
@@ -14,9 +13,9 @@ from octo_platform.runtime.operators.context import (
     consolidate,
     positional,
     side_schema,
-    sql_expr,
     touched_buckets,
 )
+from octo_platform.sqltext import quote, sql_expr
 
 if TYPE_CHECKING:
     from pyspark.sql import DataFrame

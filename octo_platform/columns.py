@@ -1,4 +1,4 @@
-"""Names of the internal columns every runtime stage agrees on."""
+"""Reserved column names every stage agrees on (ground floor: imports no octo stage)."""
 from __future__ import annotations
 
 __all__ = ["WEIGHT", "BUCKET", "COUNT"]
