@@ -5,7 +5,7 @@ maintain incrementally live here, next to the AST, so every error can point at t
 """
 from __future__ import annotations
 
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field
 from typing import Callable
 
 from sqlglot import exp
@@ -30,7 +30,9 @@ from octo_platform.logical.plan import (
     SortKey,
     TopN,
     UnionAll,
+    project,
 )
+from octo_platform.logical.optimizer import RULES, Rule, optimize
 from octo_platform.partitions import GRANULARITIES, Partitioning, parse_time
 from octo_platform.sqltext import DIALECT, quote, referenced_columns
 
@@ -92,9 +94,11 @@ class TableDef:
 
 
 class Catalog:
-    """Every source, view and streaming table of a project, bound lazily and memoized."""
+    """Every source, view and streaming table of a project, bound lazily and memoized;
+    each table's plan rewritten by the optimizer's ``rules``."""
 
-    def __init__(self, statements: list[Statement]) -> None:
+    def __init__(self, statements: list[Statement], rules: tuple[Rule, ...] = RULES) -> None:
+        self.rules = rules
         self.sources: dict[str, SourceDef] = {}
         self.views: dict[str, ViewStmt] = {}
         self._table_stmts: dict[str, TableStmt] = {}
@@ -145,9 +149,9 @@ class Catalog:
         return [self.table(n) for n in self.table_names]
 
 
-def build_catalog(statements: list[Statement]) -> Catalog:
+def build_catalog(statements: list[Statement], *, rules: tuple[Rule, ...] = RULES) -> Catalog:
     """Bind all statements; raises on the first error so nothing runs with a broken project."""
-    catalog = Catalog(statements)
+    catalog = Catalog(statements, rules)
     catalog.tables()
     return catalog
 
@@ -203,7 +207,7 @@ def _key_option(opts: dict[str, str], columns: tuple[str, ...], what: str,
 
 def _bind_table(catalog: Catalog, stmt: TableStmt) -> TableDef:
     binder = _Binder(catalog, stmt.file)
-    plan = binder.query(stmt.query, {})
+    plan = optimize(binder.query(stmt.query, {}), catalog.rules)
     here = stmt.file.location(stmt.offset)
     if (top := _unbounded_top_n(plan)) is not None:
         window = stmt.query.find(exp.Window)
@@ -217,7 +221,6 @@ def _bind_table(catalog: Catalog, stmt: TableStmt) -> TableDef:
         raise SqlError(f"{what}: unknown option(s) {', '.join(sorted(unknown))} "
                        f"(known: {', '.join(TABLE_OPTIONS)})", here)
     partitioning = _partitioning(stmt.options, plan.columns, what, here)
-    plan = _prune(plan, set(plan.columns))
     return TableDef(stmt.name, plan, dict(stmt.options), stmt.sql, stmt.file.path,
                     pk if pk is not None else plan.pk, tuple(sorted(binder.deps)),
                     partitioning)
@@ -373,8 +376,7 @@ class _Binder:
         flat: list[Node] = []
         for child in children:
             flat.extend(child.children if isinstance(child, UnionAll) else (child,))
-        mode: Mode = "updating" if any(c.mode == "updating" for c in flat) else "append-only"
-        node: Node = UnionAll(left.columns, mode, None, children=tuple(flat))
+        node: Node = UnionAll(left.columns, children=tuple(flat))
         if q.args.get("distinct"):
             node = _distinct(node)
         return node
@@ -425,13 +427,7 @@ class _Binder:
         lnode, rnode, keys, residual = self.split_on(
             j.args["on"], what, left, right, _Scope(left.node, lrels),
             _Scope(right.node, rrels), pushable, ambiguous=True)
-        pk = None
-        if lnode.pk is not None and rnode.pk is not None:
-            pk = tuple(lnames[lnode.columns.index(k)] for k in lnode.pk) + tuple(
-                rnames[rnode.columns.index(k)] for k in rnode.pk)
-        both_append = lnode.mode == rnode.mode == "append-only"
-        mode: Mode = "append-only" if kind == "inner" and both_append else "updating"
-        node = Join(lnames + rnames, mode, pk, left=lnode, right=rnode, kind=kind,
+        node = Join(lnames + rnames, left=lnode, right=rnode, kind=kind,
                     names=lnames + rnames, left_keys=tuple(k[0] for k in keys),
                     right_keys=tuple(k[1] for k in keys), residual=residual)
         return _Scope(node, lrels + rrels, joined=True)
@@ -482,11 +478,11 @@ class _Binder:
                              "maintained incrementally", cond)
         lnode, rnode = left.node, right.node
         if pushed["l"]:
-            lnode = Filter(lnode.columns, lnode.mode, lnode.pk, input=lnode,
-                           condition=self.rewrite(exp.and_(*pushed["l"]), left))
+            lnode = Filter(lnode.columns, input=lnode,
+                           conditions=tuple(self.rewrite(c, left) for c in pushed["l"]))
         if pushed["r"]:
-            rnode = Filter(rnode.columns, rnode.mode, rnode.pk, input=rnode,
-                           condition=self.rewrite(exp.and_(*pushed["r"]), right))
+            rnode = Filter(rnode.columns, input=rnode,
+                           conditions=tuple(self.rewrite(c, right) for c in pushed["r"]))
         return lnode, rnode, keys, " AND ".join(f"({r})" for r in residual) or None
 
     def subquery_join(self, scope: _Scope, c: exp.Expression, negated: bool,
@@ -524,9 +520,7 @@ class _Binder:
             _, inner, keys, residual = self.split_on(
                 where.this, "EXISTS subquery", scope, inner_scope, scope,
                 _Scope(right.node, rrels), {"l": False, "r": True}, ambiguous=False)
-        both_append = outer.mode == inner.mode == "append-only"
-        mode: Mode = "append-only" if kind == "semi" and both_append else "updating"
-        return Join(outer.columns, mode, outer.pk, left=outer, right=inner, kind=kind,
+        return Join(outer.columns, left=outer, right=inner, kind=kind,
                     names=outer.columns + rnames, left_keys=tuple(k[0] for k in keys),
                     right_keys=tuple(k[1] for k in keys), residual=residual)
 
@@ -541,11 +535,13 @@ class _Binder:
         if key in cat._table_stmts:
             table = cat.table(name)
             self.deps.add(table.name)
-            return Scan(table.columns, table.plan.mode, table.pk, name=table.name, kind="table")
+            return Scan(table.columns, name=table.name, kind="table",
+                        changelog=table.plan.mode, key=table.pk)
         if key in cat.sources:
             s = cat.sources[key]
             self.deps.add(s.name)
-            return Scan(s.columns, s.mode, s.pk, name=s.name, kind="source", types=s.types)
+            return Scan(s.columns, name=s.name, kind="source", types=s.types, changelog=s.mode,
+                        key=s.pk)
         known = sorted([*cat.sources, *cat.views, *cat._table_stmts, *ctes])
         raise self.error(f"unknown source, view or table {name!r} (known: "
                          f"{', '.join(known) or 'none'})", where)
@@ -592,7 +588,7 @@ class _Binder:
                             exprs.append(text)
                             cols.append(f"_o{len(cols)}")
                         order_cols[text] = cols[exprs.index(text)]
-            node = _project(scope.node, tuple(cols), tuple(exprs))
+            node = project(scope.node, tuple(cols), tuple(exprs))
         if select.args.get("distinct") is not None:
             node = _distinct(node)
         if limit is not None:
@@ -600,8 +596,8 @@ class _Binder:
         return node
 
     def where(self, where: exp.Where, scope: _Scope, ctes: dict[str, Node]) -> _Scope:
-        """Filter by the plain conditions; IN / EXISTS subqueries become semi/anti joins;
-        ``rank <= n`` over a ROW_NUMBER subquery bounds its top-N."""
+        """Filter by the plain conditions; IN / EXISTS subqueries become semi/anti joins.
+        (The optimizer's rules move the conditions into joins and top-Ns.)"""
         if any(isinstance(n, exp.AggFunc) for n in where.this.walk()):
             raise self.error("aggregates are not allowed in WHERE (use HAVING)", where)
         plain: list[exp.Expression] = []
@@ -618,16 +614,11 @@ class _Binder:
                 subs.append((inner, False))
             elif isinstance(inner, exp.Exists):
                 subs.append((inner, negated))
-            elif (bound := _rank_bound(c, scope, self.file)) is not None and \
-                    (folded := _bound_top_n(node, *bound)) is not None:
-                node = folded
-            elif (moved := _push_filter(node, self.resolved(c, scope.with_node(node)))):
-                node = moved
             else:
                 plain.append(c)
         if plain:
-            node = Filter(node.columns, node.mode, node.pk, input=node,
-                          condition=self.rewrite(exp.and_(*plain), scope.with_node(node)))
+            node = Filter(node.columns, input=node,
+                          conditions=tuple(self.rewrite(c, scope) for c in plain))
         for c, negated in subs:
             node = self.subquery_join(scope.with_node(node), c, negated, ctes)
         return scope.with_node(node)
@@ -665,8 +656,8 @@ class _Binder:
                 raise self.error("ORDER BY of an aggregate or DISTINCT top-N query must name "
                                  "output columns (give the expression an alias)", o)
             keys.append(SortKey(col, bool(o.args.get("desc")), bool(o.args.get("nulls_first"))))
-        top = TopN(node.columns, "updating", node.pk, input=node, order=tuple(keys), n=n)
-        return _project(top, names, tuple(quote(c) for c in names))
+        top = TopN(node.columns, input=node, order=tuple(keys), n=n)
+        return project(top, names, tuple(quote(c) for c in names))
 
     def row_number(self, items: list[exp.Expression], names: tuple[str, ...],
                    windows: list[int], scope: _Scope) -> Node:
@@ -695,11 +686,10 @@ class _Binder:
         partition = tuple(column_for(p) for p in w.args.get("partition_by") or [])
         keys = tuple(SortKey(column_for(o.this), bool(o.args.get("desc")),
                              bool(o.args.get("nulls_first"))) for o in order.expressions)
-        pre = _project(scope.node, tuple(cols), tuple(exprs))
+        pre = project(scope.node, tuple(cols), tuple(exprs))
         rank = names[windows[0]]
-        top = TopN((*pre.columns, rank), "updating", (*partition, rank), input=pre,
-                   partition=partition, order=keys, rank=rank)
-        return _project(top, names, tuple(quote(c) for c in names))
+        top = TopN((*pre.columns, rank), input=pre, partition=partition, order=keys, rank=rank)
+        return project(top, names, tuple(quote(c) for c in names))
 
     def check_supported(self, select: exp.Select) -> None:
         order, limit = select.args.get("order"), select.args.get("limit")
@@ -880,13 +870,12 @@ class _Binder:
         agg_cols = tuple(f"_agg{i}" for i in range(len(calls)))
         pre_cols = tuple(post_scope_cols) + tuple(f"_a{i}" for i in range(len(arg_sql)))
         src = scope.node
-        pre = Project(pre_cols, src.mode, None, input=src, exprs=tuple(key_sql + arg_sql))
-        node: Node = Aggregate(tuple(post_scope_cols) + agg_cols, "updating",
-                               tuple(post_scope_cols), input=pre,
+        pre = Project(pre_cols, input=src, exprs=tuple(key_sql + arg_sql))
+        node: Node = Aggregate(tuple(post_scope_cols) + agg_cols, input=pre,
                                keys=tuple(post_scope_cols), aggs=tuple(calls))
         if having_sql is not None:
-            node = Filter(node.columns, node.mode, node.pk, input=node, condition=having_sql)
-        return _project(node, names, tuple(select_sql))
+            node = Filter(node.columns, input=node, conditions=(having_sql,))
+        return project(node, names, tuple(select_sql))
 
 
 def _function_name(node: exp.Expression) -> str | None:
@@ -897,25 +886,8 @@ def _function_name(node: exp.Expression) -> str | None:
     return None
 
 
-def _project(node: Node, names: tuple[str, ...], exprs: tuple[str, ...]) -> Node:
-    """A projection, with the primary key carried through bare column references."""
-    if names == node.columns and exprs == tuple(quote(c) for c in node.columns):
-        return node
-    pk: tuple[str, ...] | None = None
-    if node.pk is not None:
-        mapping = {}
-        for name, e in zip(names, exprs):
-            for c in node.columns:
-                if e == quote(c) and c not in mapping:
-                    mapping[c] = name
-        if all(k in mapping for k in node.pk):
-            pk = tuple(mapping[k] for k in node.pk)
-    return Project(names, node.mode, pk, input=node, exprs=exprs)
-
-
 def _distinct(node: Node) -> Node:
-    mode: Mode = "append-only" if node.mode == "append-only" else "updating"
-    return Aggregate(node.columns, mode, node.columns, input=node, keys=node.columns, aggs=())
+    return Aggregate(node.columns, input=node, keys=node.columns, aggs=(), distinct=True)
 
 
 def _conjuncts(e: exp.Expression) -> list[exp.Expression]:
@@ -927,104 +899,7 @@ def _conjuncts(e: exp.Expression) -> list[exp.Expression]:
     return [e]
 
 
-def _rank_bound(c: exp.Expression, scope: _Scope, file: SqlFile) -> tuple[str, int] | None:
-    """``(column, n)`` when ``c`` is ``column <= n`` (or ``< n+1``, ``= 1``, mirrored)."""
-    flip = {exp.GTE: exp.LTE, exp.GT: exp.LT, exp.LTE: exp.GTE, exp.LT: exp.GT, exp.EQ: exp.EQ}
-    if type(c) not in flip:
-        return None
-    col, lit, op = c.this, c.expression, type(c)
-    if isinstance(col, exp.Literal):
-        col, lit, op = lit, col, flip[op]
-    if not (isinstance(col, exp.Column) and isinstance(lit, exp.Literal) and not lit.is_string
-            and lit.this.isdigit()):
-        return None
-    name = scope.lookup(col, file)
-    value = int(lit.this)
-    n = {exp.LTE: value, exp.LT: value - 1, exp.EQ: 1 if value == 1 else None}.get(op)
-    return (name, n) if name is not None and n is not None and n > 0 else None
-
-
-def _bound_top_n(node: Node, column: str, n: int) -> Node | None:
-    """``node`` with the unbounded ROW_NUMBER producing ``column`` limited to ``n`` rows,
-    looking through projections that pass the rank column on unchanged."""
-    if isinstance(node, TopN) and node.n is None and node.rank == column:
-        return replace(node, n=n)
-    if isinstance(node, Project) and quote(column) in node.exprs:
-        inner = node.exprs.index(quote(column))
-        if node.columns[inner] == column:
-            child = _bound_top_n(node.input, column, n)
-            return None if child is None else replace(node, input=child)
-    return None
-
-
 def _unbounded_top_n(node: Node) -> TopN | None:
     if isinstance(node, TopN) and node.n is None:
         return node
     return next((t for c in node.inputs if (t := _unbounded_top_n(c)) is not None), None)
-
-
-def _push_filter(node: Node, cond: exp.Expression) -> Node | None:
-    """``node`` with ``cond`` (over its columns) applied below a join, on the one input
-    it reads, where that keeps the join's result the same; None when it cannot move."""
-    if not isinstance(node, Join):
-        return None
-    refs = {c.name for c in cond.find_all(exp.Column)}
-    if not refs:
-        return None
-    at = [node.names.index(r) for r in refs]
-    nl = len(node.left.columns)
-    sides = (("left", node.left, 0, node.kind in ("inner", "left", "semi", "anti")),
-             ("right", node.right, nl, node.kind in ("inner", "right")))
-    for side, child, offset, allowed in sides:
-        if not (allowed and all(offset <= i < offset + len(child.columns) for i in at)):
-            continue
-
-        def rename(n: exp.Expression, child: Node = child, offset: int = offset) -> exp.Expression:
-            if isinstance(n, exp.Column):
-                return exp.column(child.columns[node.names.index(n.name) - offset], quoted=True)
-            return n
-
-        moved = cond.copy().transform(rename)
-        inner = _push_filter(child, moved) or Filter(
-            child.columns, child.mode, child.pk, input=child, condition=moved.sql(DIALECT))
-        return replace(node, **{side: inner})
-    return None
-
-
-def _prune(node: Node, needed: set[str]) -> Node:
-    """Drop the columns nothing above reads before they reach a join, so join state keeps
-    only what the query uses. ``needed`` ⊆ ``node.columns``; the result keeps at least those."""
-    if isinstance(node, Project):
-        keep = [(c, e) for c, e in zip(node.columns, node.exprs) if c in needed]
-        child = _prune(node.input, referenced_columns(*(e for _, e in keep)))
-        pk = node.pk if node.pk is not None and set(node.pk) <= needed else None
-        return replace(node, columns=tuple(c for c, _ in keep), exprs=tuple(e for _, e in keep),
-                       pk=pk, input=child)
-    if isinstance(node, Filter):
-        child = _prune(node.input, needed | referenced_columns(node.condition))
-        return replace(node, columns=child.columns, pk=child.pk, input=child)
-    if isinstance(node, Aggregate):
-        args = {a.arg for a in node.aggs if a.arg is not None}
-        return replace(node, input=_prune(node.input, set(node.keys) | args))
-    if isinstance(node, Join):
-        needed = needed | referenced_columns(*node.left_keys, *node.right_keys, node.residual)
-        nl = len(node.left.columns)
-        sides = []
-        for child, names in ((node.left, node.names[:nl]), (node.right, node.names[nl:])):
-            want = [c for c, n in zip(child.columns, names) if n in needed]
-            if not want:  # keep one column: a side must have a row shape
-                want = [child.columns[0]]
-            pruned = _prune(child, set(want))
-            if pruned.columns != tuple(want):
-                pruned = _project(pruned, tuple(want), tuple(quote(c) for c in want))
-            sides.append((pruned, tuple(n for c, n in zip(child.columns, names) if c in want)))
-        (left, lnames), (right, rnames) = sides
-        columns = lnames + (rnames if node.kind not in ("semi", "anti") else ())
-        pk = node.pk if node.pk is not None and set(node.pk) <= set(columns) else None
-        return replace(node, left=left, right=right, names=lnames + rnames, columns=columns,
-                       pk=pk)
-    if isinstance(node, TopN):  # ties are broken by every column: keep them all
-        return replace(node, input=_prune(node.input, set(node.input.columns)))
-    if isinstance(node, UnionAll):  # positional: children keep their columns
-        return replace(node, children=tuple(_prune(c, set(c.columns)) for c in node.children))
-    return node

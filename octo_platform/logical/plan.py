@@ -1,14 +1,16 @@
 """Logical plan: changelog operators with derived changelog mode and primary key.
 
 Pure data (no Spark, no sqlglot). Expressions are Spark SQL text over the input's column
-names, quoted with backticks, so the runtime hands them to Spark unchanged.
+names, quoted with backticks, so the runtime hands them to Spark unchanged. A node's
+changelog mode and primary key are not stored but derived from its inputs, in one place:
+``changelog_mode`` and ``primary_key`` (only a scan declares them).
 """
 from __future__ import annotations
 
-from dataclasses import dataclass, field
-from typing import Literal
+from dataclasses import dataclass, field, replace
+from typing import Callable, Literal
 
-from octo_platform.sqltext import quote
+from octo_platform.sqltext import and_, quote
 
 __all__ = [
     "Mode",
@@ -23,6 +25,10 @@ __all__ = [
     "TopN",
     "SortKey",
     "JoinKind",
+    "changelog_mode",
+    "primary_key",
+    "project",
+    "transform",
     "explain",
 ]
 
@@ -33,15 +39,26 @@ AGG_FUNCS = ("count", "sum", "avg", "min", "max")
 
 @dataclass(frozen=True)
 class Node:
-    """Base of logical nodes: output ``columns``, ``mode`` and ``pk`` (None = bag)."""
+    """Base of logical nodes: output ``columns``; ``mode`` and ``pk`` (None = bag) follow
+    from the inputs."""
 
     columns: tuple[str, ...]
-    mode: Mode
-    pk: tuple[str, ...] | None
 
     @property
     def inputs(self) -> tuple[Node, ...]:
         return ()
+
+    @property
+    def mode(self) -> Mode:
+        return changelog_mode(self)
+
+    @property
+    def pk(self) -> tuple[str, ...] | None:
+        return primary_key(self)
+
+    def with_inputs(self, inputs: tuple[Node, ...]) -> Node:
+        """This node reading ``inputs`` instead (same arity, same columns)."""
+        return self
 
     def describe(self) -> str:
         raise NotImplementedError
@@ -49,11 +66,14 @@ class Node:
 
 @dataclass(frozen=True)
 class Scan(Node):
-    """Read a source (``kind='source'``) or another streaming table's changelog."""
+    """Read a source (``kind='source'``) or another streaming table's changelog, whose
+    ``changelog`` mode and primary ``key`` the catalog declares."""
 
     name: str = ""
     kind: Literal["source", "table"] = "source"
     types: tuple[str, ...] = ()
+    changelog: Mode = "append-only"
+    key: tuple[str, ...] | None = None
 
     def describe(self) -> str:
         types = self.types or ("",) * len(self.columns)
@@ -63,12 +83,21 @@ class Scan(Node):
 
 @dataclass(frozen=True)
 class Filter(Node):
+    """Keep the rows for which every one of ``conditions`` (AND-ed) holds."""
+
     input: Node = field(default=None)  # type: ignore[assignment]
-    condition: str = ""
+    conditions: tuple[str, ...] = ()
 
     @property
     def inputs(self) -> tuple[Node, ...]:
         return (self.input,)
+
+    @property
+    def condition(self) -> str:
+        return and_(self.conditions)
+
+    def with_inputs(self, inputs: tuple[Node, ...]) -> Node:
+        return replace(self, input=inputs[0])
 
     def describe(self) -> str:
         return f"Filter {self.condition}"
@@ -82,6 +111,9 @@ class Project(Node):
     @property
     def inputs(self) -> tuple[Node, ...]:
         return (self.input,)
+
+    def with_inputs(self, inputs: tuple[Node, ...]) -> Node:
+        return replace(self, input=inputs[0])
 
     def describe(self) -> str:
         items = ", ".join(
@@ -109,17 +141,21 @@ class AggCall:
 class Aggregate(Node):
     """GROUP BY ``keys`` (input columns) computing ``aggs``; output = keys then aggs.
 
-    With no keys it is a global aggregate (exactly one output row, even over empty input);
-    with no aggs it is DISTINCT.
+    With no keys it is a global aggregate (exactly one output row, even over empty input).
+    ``distinct`` marks a ``SELECT DISTINCT`` / ``UNION`` (keys = every input column, no aggs).
     """
 
     input: Node = field(default=None)  # type: ignore[assignment]
     keys: tuple[str, ...] = ()
     aggs: tuple[AggCall, ...] = ()
+    distinct: bool = False
 
     @property
     def inputs(self) -> tuple[Node, ...]:
         return (self.input,)
+
+    def with_inputs(self, inputs: tuple[Node, ...]) -> Node:
+        return replace(self, input=inputs[0])
 
     def describe(self) -> str:
         keys = ", ".join(quote(k) for k in self.keys) or "()"
@@ -137,6 +173,9 @@ class UnionAll(Node):
     @property
     def inputs(self) -> tuple[Node, ...]:
         return self.children
+
+    def with_inputs(self, inputs: tuple[Node, ...]) -> Node:
+        return replace(self, children=inputs)
 
     def describe(self) -> str:
         return f"UnionAll ({len(self.children)} inputs)"
@@ -164,6 +203,9 @@ class Join(Node):
     def inputs(self) -> tuple[Node, ...]:
         return (self.left, self.right)
 
+    def with_inputs(self, inputs: tuple[Node, ...]) -> Node:
+        return replace(self, left=inputs[0], right=inputs[1])
+
     def condition(self) -> str:
         keys = [f"{a} = {b}" for a, b in zip(self.left_keys, self.right_keys)]
         return " AND ".join(keys + ([f"({self.residual})"] if self.residual else []))
@@ -190,8 +232,8 @@ class TopN(Node):
     """The first ``n`` rows per ``partition`` by ``order`` (ties broken by the other
     columns); ``rank`` names an output ROW_NUMBER column, appended after the input's.
 
-    ``n`` None is a ROW_NUMBER without a bound yet: the binder folds the enclosing
-    ``WHERE rank <= n`` into it and rejects it when there is none.
+    ``n`` None is a ROW_NUMBER without a bound yet: the ``bound_top_n`` rule folds the
+    enclosing ``WHERE rank <= n`` into it and the binder rejects it when there is none.
     """
 
     input: Node = field(default=None)  # type: ignore[assignment]
@@ -204,11 +246,99 @@ class TopN(Node):
     def inputs(self) -> tuple[Node, ...]:
         return (self.input,)
 
+    def with_inputs(self, inputs: tuple[Node, ...]) -> Node:
+        return replace(self, input=inputs[0])
+
     def describe(self) -> str:
         part = ", ".join(quote(p) for p in self.partition) or "()"
         order = ", ".join(k.render() for k in self.order)
         rank = f" rank={quote(self.rank)}" if self.rank else ""
         return f"TopN n={self.n} partition=[{part}] order=[{order}]{rank}"
+
+
+def changelog_mode(node: Node) -> Mode:
+    """``updating`` when ``node`` may retract a row it emitted, else ``append-only``.
+
+    A scan declares it; filters and projections keep their input's; DISTINCT over
+    append-only input and inner or semi joins of append-only inputs stay append-only (a row
+    once emitted stays); any other aggregate, an outer or anti join and a top-N retract.
+    """
+    if isinstance(node, Scan):
+        return node.changelog
+    if isinstance(node, (Filter, Project)):
+        return node.input.mode
+    if isinstance(node, UnionAll):
+        return "updating" if any(c.mode == "updating" for c in node.children) else "append-only"
+    appends = all(i.mode == "append-only" for i in node.inputs)
+    if isinstance(node, Aggregate):
+        return "append-only" if node.distinct and appends else "updating"
+    if isinstance(node, Join):
+        return "append-only" if node.kind in ("inner", "semi") and appends else "updating"
+    if isinstance(node, TopN):
+        return "updating"
+    raise TypeError(f"changelog mode: unknown plan node {type(node).__name__}")
+
+
+def primary_key(node: Node) -> tuple[str, ...] | None:
+    """The columns that identify an output row of ``node``, or None (a bag).
+
+    A scan declares it; an aggregate's is its group keys; a top-N's its partition and
+    rank (or its input's, without a rank column); a projection carries its input's key
+    through bare column references; a join's is both inputs' keys (the left's for a semi or
+    anti join); a union's rows have no key.
+    """
+    if isinstance(node, Scan):
+        return node.key
+    if isinstance(node, Filter):
+        return node.input.pk
+    if isinstance(node, Aggregate):
+        return node.keys
+    if isinstance(node, TopN):
+        return (*node.partition, node.rank) if node.rank is not None else node.input.pk
+    if isinstance(node, UnionAll):
+        return None
+    if isinstance(node, Project):
+        return _carried(node.input.pk, node.input.columns, node.columns, node.exprs)
+    if isinstance(node, Join):
+        nl = len(node.left.columns)
+        left = _carried(node.left.pk, node.left.columns, node.names[:nl],
+                        tuple(quote(c) for c in node.left.columns))
+        if node.kind in ("semi", "anti"):
+            return left
+        right = _carried(node.right.pk, node.right.columns, node.names[nl:],
+                         tuple(quote(c) for c in node.right.columns))
+        return None if left is None or right is None else left + right
+    raise TypeError(f"primary key: unknown plan node {type(node).__name__}")
+
+
+def _carried(pk: tuple[str, ...] | None, inputs: tuple[str, ...], names: tuple[str, ...],
+             exprs: tuple[str, ...]) -> tuple[str, ...] | None:
+    """``pk`` (of ``inputs``) under the output ``names`` of ``exprs``: each key column must
+    be passed on as a bare reference (the first one names it)."""
+    if pk is None:
+        return None
+    mapping: dict[str, str] = {}
+    for name, e in zip(names, exprs):
+        for c in inputs:
+            if e == quote(c) and c not in mapping:
+                mapping[c] = name
+    return tuple(mapping[k] for k in pk) if all(k in mapping for k in pk) else None
+
+
+def project(node: Node, names: tuple[str, ...], exprs: tuple[str, ...]) -> Node:
+    """``exprs`` of ``node`` named ``names``; ``node`` itself when that passes every column
+    through unchanged."""
+    if names == node.columns and exprs == tuple(quote(c) for c in node.columns):
+        return node
+    return Project(names, input=node, exprs=exprs)
+
+
+def transform(node: Node, rule: Callable[[Node], Node]) -> Node:
+    """``node`` rebuilt bottom-up: ``rule`` applied to each node after its inputs."""
+    inputs = tuple(transform(c, rule) for c in node.inputs)
+    if any(a is not b for a, b in zip(inputs, node.inputs)):
+        node = node.with_inputs(inputs)
+    return rule(node)
 
 
 def explain(node: Node) -> str:
