@@ -9,7 +9,8 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from octo_platform.errors import CatalogError, OctoError
-from octo_platform.frontend.binder import Catalog, SourceDef, TableDef, build_catalog
+from octo_platform.frontend.binder import Catalog, build_catalog
+from octo_platform.frontend.definitions import SourceDef, TableDef
 from octo_platform.frontend.parser import Statement, parse_sql
 from octo_platform.logical.plan import explain as explain_logical
 from octo_platform.physical.plan import PhysicalPlan, lower

@@ -40,15 +40,18 @@ def test_statements_options_and_columns():
 
 @pytest.mark.parametrize("path", FAIL, ids=[p.stem for p in FAIL])
 def test_rejected_with_location(tmp_path, path):
+    """``-- fail=<message part>`` then ``-- at=<line>:<column>``: where the caret points."""
     text = path.read_text()
-    expected = text.splitlines()[0].removeprefix("-- fail=")
+    fail, at = text.splitlines()[:2]
+    expected = fail.removeprefix("-- fail=")
     with pytest.raises(OctoError) as err:
         compile_text(tmp_path, text, path.name)
     assert expected in str(err.value)
     if isinstance(err.value, SqlError):
+        assert at.startswith("-- at="), f"{path.name}: pin the caret with '-- at=L:C'"
         loc = err.value.location
         assert loc is not None and loc.file == f"sql/{path.name}"
-        assert loc.line >= 2, "points into the statement, not the file header"
+        assert f"{loc.line}:{loc.col}" == at.removeprefix("-- at=")
         assert f"sql/{path.name}:{loc.line}:{loc.col}" in str(err.value)
 
 

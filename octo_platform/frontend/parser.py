@@ -55,8 +55,20 @@ class SqlFile:
         return SqlError(message, self.location(offset))
 
 
+class _Located:
+    """A statement whose errors point at it, or at one of its ``WITH`` options."""
+
+    file: SqlFile
+    offset: int
+    option_offsets: dict[str, int]
+
+    def location(self, option: str | None = None) -> Location:
+        """Where ``option`` is written, or the statement (also for an option not given)."""
+        return self.file.location(self.option_offsets.get(option or "", self.offset))
+
+
 @dataclass(frozen=True)
-class SourceStmt:
+class SourceStmt(_Located):
     """``CREATE SOURCE name (col type, ...) WITH (key = 'value', ...)``."""
 
     name: str
@@ -64,10 +76,11 @@ class SourceStmt:
     options: dict[str, str]
     file: SqlFile = field(repr=False, compare=False)
     offset: int = 0
+    option_offsets: dict[str, int] = field(default_factory=dict, repr=False, compare=False)
 
 
 @dataclass(frozen=True)
-class TableStmt:
+class TableStmt(_Located):
     """``CREATE STREAMING TABLE name [WITH (...)] AS query``."""
 
     name: str
@@ -76,6 +89,7 @@ class TableStmt:
     sql: str
     file: SqlFile = field(repr=False, compare=False)
     offset: int = 0
+    option_offsets: dict[str, int] = field(default_factory=dict, repr=False, compare=False)
 
 
 @dataclass(frozen=True)
@@ -174,11 +188,13 @@ class _Cursor:
                     return start, tok.start
         raise self.file.error("unbalanced parenthesis", start - 1)
 
-    def options(self) -> dict[str, str]:
-        """``WITH (key = value, ...)``; keys are lower-cased, values kept as written."""
+    def options(self) -> tuple[dict[str, str], dict[str, int]]:
+        """``WITH (key = value, ...)``; keys are lower-cased, values kept as written. Also
+        the offset of each key, so an error about an option can point at it."""
         opts: dict[str, str] = {}
+        offsets: dict[str, int] = {}
         if not self.take("WITH"):
-            return opts
+            return opts, offsets
         if not (tok := self.peek()) or tok.token_type != TokenType.L_PAREN:
             raise self.error("expected '(' after WITH")
         self.i += 1
@@ -188,7 +204,7 @@ class _Cursor:
                 raise self.error("expected ')' to close WITH (...)")
             if key_tok.token_type == TokenType.R_PAREN:
                 self.i += 1
-                return opts
+                return opts, offsets
             key = self.name("an option name").lower()
             if not self.take("="):
                 raise self.error(f"expected '=' after option {key!r}")
@@ -199,6 +215,7 @@ class _Cursor:
             if key in opts:
                 raise self.file.error(f"option {key!r} given twice", key_tok.start)
             opts[key] = val.text
+            offsets[key] = key_tok.start
             if (nxt := self.peek()) is not None and nxt.token_type == TokenType.COMMA:
                 self.i += 1
 
@@ -212,16 +229,16 @@ def _parse_statement(sql_file: SqlFile, tokens: list[Token]) -> Statement:
         name = cur.name("a source name")
         begin, end = cur.balanced()
         columns = _parse_columns(sql_file, begin, end)
-        options = cur.options()
+        options, offsets = cur.options()
         if cur.peek() is not None:
             raise cur.error("unexpected text after CREATE SOURCE")
-        return SourceStmt(name, columns, options, sql_file, start)
+        return SourceStmt(name, columns, options, sql_file, start, offsets)
     if cur.take("STREAMING", "TABLE"):
         name = cur.name("a table name")
-        options = cur.options()
+        options, offsets = cur.options()
         cur.expect("AS", "AS")
         query, sql = _parse_query(sql_file, cur)
-        return TableStmt(name, query, options, sql, sql_file, start)
+        return TableStmt(name, query, options, sql, sql_file, start, offsets)
     cur.take("OR", "REPLACE")
     cur.take("TEMPORARY") or cur.take("TEMP")
     if cur.take("VIEW"):

@@ -1,0 +1,51 @@
+"""What binding produces: the definitions of a project's sources and streaming tables.
+
+Pure data: the catalog (``binder``) builds them, the compiler and the orchestration read them.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from octo_platform.logical.plan import Mode, Node
+from octo_platform.partitions import Partitioning
+
+__all__ = ["SourceDef", "TableDef"]
+
+
+@dataclass(frozen=True)
+class SourceDef:
+    """A bound ``CREATE SOURCE``."""
+
+    name: str
+    columns: tuple[str, ...]
+    types: tuple[str, ...]
+    options: dict[str, str]
+    mode: Mode
+    pk: tuple[str, ...] | None
+    file: str = ""
+
+    @property
+    def connector(self) -> str:
+        return self.options.get("connector", "")
+
+    @property
+    def format(self) -> str:
+        return self.options.get("format", "")
+
+
+@dataclass(frozen=True)
+class TableDef:
+    """A bound ``CREATE STREAMING TABLE`` with its logical plan."""
+
+    name: str
+    plan: Node
+    options: dict[str, str]
+    sql: str
+    file: str
+    pk: tuple[str, ...] | None
+    deps: tuple[str, ...] = field(default=())
+    partitioning: Partitioning | None = None
+
+    @property
+    def columns(self) -> tuple[str, ...]:
+        return self.plan.columns

@@ -1,0 +1,117 @@
+"""Checks of the ``WITH (...)`` options of sources and streaming tables.
+
+An error names the statement and points at the option it is about (``format = 'xml'``),
+or at ``CREATE`` when a required option is missing.
+"""
+from __future__ import annotations
+
+from octo_platform.errors import SqlError
+from octo_platform.frontend.definitions import SourceDef
+from octo_platform.frontend.parser import SourceStmt, TableStmt
+from octo_platform.logical.plan import Mode
+from octo_platform.partitions import GRANULARITIES, Partitioning, parse_time
+
+__all__ = ["FORMATS", "CONNECTORS", "TABLE_OPTIONS", "source_def", "table_options"]
+
+FORMATS = ("json", "csv", "parquet", "debezium-json")
+CONNECTORS = ("files", "delta")
+DELTA_OPTIONS = ("connector", "path", "primary_key", "mode")
+MODES = ("updating", "append-only")
+TABLE_OPTIONS = ("primary_key", "partition_by", "partitions", "partition_start")
+
+
+def source_def(stmt: SourceStmt) -> SourceDef:
+    """The definition of a ``CREATE SOURCE``: its connector, changelog mode and key."""
+    opts = stmt.options
+    what = f"source {stmt.name!r}"
+    connector = opts.get("connector")
+    if connector not in CONNECTORS:
+        raise SqlError(f"{what}: connector must be one of {', '.join(CONNECTORS)}"
+                       f" (got {connector!r})", stmt.location("connector"))
+    if "path" not in opts:
+        raise SqlError(f"{what}: option 'path' is required", stmt.location())
+    mode: Mode
+    if connector == "delta":  # an existing Delta table: its rows may be updated and deleted
+        for key in opts:
+            if key not in DELTA_OPTIONS:
+                raise SqlError(f"{what}: option {key!r} does not apply to connector 'delta' "
+                               f"(its options: {', '.join(DELTA_OPTIONS)})", stmt.location(key))
+        declared = opts.get("mode", "updating")
+        if declared not in MODES:
+            raise SqlError(f"{what}: option 'mode' must be one of {', '.join(MODES)} "
+                           f"(got {declared!r})", stmt.location("mode"))
+        mode = "append-only" if declared == "append-only" else "updating"
+    else:
+        fmt = opts.get("format", "")
+        if fmt not in FORMATS:
+            raise SqlError(f"{what}: format must be one of {', '.join(FORMATS)}"
+                           f" (got {fmt!r})", stmt.location("format"))
+        mode = "updating" if fmt == "debezium-json" else "append-only"
+    columns = tuple(c for c, _ in stmt.columns)
+    pk = _key_option(stmt, columns, what)
+    return SourceDef(stmt.name, columns, tuple(t for _, t in stmt.columns), dict(opts), mode,
+                     pk, stmt.file.path)
+
+
+def table_options(stmt: TableStmt, columns: tuple[str, ...]
+                  ) -> tuple[tuple[str, ...] | None, Partitioning | None]:
+    """The declared primary key and event-time partitions of a streaming table whose
+    query returns ``columns``."""
+    what = f"streaming table {stmt.name!r}"
+    pk = _key_option(stmt, columns, what)
+    unknown = sorted(set(stmt.options) - set(TABLE_OPTIONS))
+    if unknown:
+        raise SqlError(f"{what}: unknown option(s) {', '.join(unknown)} "
+                       f"(known: {', '.join(TABLE_OPTIONS)})", stmt.location(unknown[0]))
+    return pk, _partitioning(stmt, columns, what)
+
+
+def _key_option(stmt: SourceStmt | TableStmt, columns: tuple[str, ...],
+                what: str) -> tuple[str, ...] | None:
+    raw = stmt.options.get("primary_key")
+    if raw is None:
+        return None
+    lower = {c.lower(): c for c in columns}
+    key = []
+    for part in raw.split(","):
+        name = part.strip()
+        if name.lower() not in lower:
+            raise SqlError(f"{what}: primary_key column {name!r} is not one of "
+                           f"{', '.join(columns)}", stmt.location("primary_key"))
+        key.append(lower[name.lower()])
+    return tuple(key)
+
+
+def _partitioning(stmt: TableStmt, columns: tuple[str, ...], what: str) -> Partitioning | None:
+    """The event-time partitions a table declares (see ``octo_platform.partitions``)."""
+    opts = stmt.options
+    column = opts.get("partition_by")
+    if column is None:
+        extra = sorted(set(opts) & {"partitions", "partition_start"})
+        if extra:
+            raise SqlError(f"{what}: option {extra[0]!r} needs partition_by (the event-time "
+                           "column that decides a row's partition)", stmt.location(extra[0]))
+        return None
+    lower = {c.lower(): c for c in columns}
+    if column.strip().lower() not in lower:
+        raise SqlError(f"{what}: partition_by column {column!r} is not one of "
+                       f"{', '.join(columns)}", stmt.location("partition_by"))
+    granularity = opts.get("partitions", "daily").strip().lower()
+    if granularity not in GRANULARITIES:
+        raise SqlError(f"{what}: option 'partitions' must be one of "
+                       f"{', '.join(GRANULARITIES)}, not {granularity!r}",
+                       stmt.location("partitions"))
+    if "partition_start" not in opts:
+        raise SqlError(f"{what}: partition_by needs partition_start (the first partition, "
+                       "e.g. '2026-01-01')", stmt.location("partition_by"))
+    try:
+        start = parse_time(opts["partition_start"])
+    except ValueError:
+        raise SqlError(f"{what}: partition_start {opts['partition_start']!r} is not a date "
+                       "or timestamp (YYYY-MM-DD[ HH:MM])",
+                       stmt.location("partition_start")) from None
+    p = Partitioning(lower[column.strip().lower()], granularity, start)
+    if p.key_of(start) != start.strftime(p.key_format) or p.key_time(p.key_of(start)) != start:
+        raise SqlError(f"{what}: partition_start {opts['partition_start']!r} is not the "
+                       f"start of a {granularity} partition", stmt.location("partition_start"))
+    return p

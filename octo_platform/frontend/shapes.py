@@ -1,0 +1,95 @@
+"""Checks for query shapes that cannot be maintained incrementally.
+
+Each rejects the shape at plan time with what to write instead, pointing at the SQL.
+"""
+from __future__ import annotations
+
+from sqlglot import exp
+
+from octo_platform.errors import PlanError, SqlError
+from octo_platform.frontend.parser import SqlFile, TableStmt
+from octo_platform.logical.plan import Node, TopN
+
+__all__ = ["NONDETERMINISTIC", "check_supported", "check_bounded", "conjuncts",
+           "function_name"]
+
+NONDETERMINISTIC = {
+    "rand", "randn", "random", "uuid", "shuffle", "now", "current_timestamp", "current_date",
+    "current_time", "localtimestamp", "unix_timestamp", "monotonically_increasing_id",
+    "spark_partition_id", "input_file_name", "input_file_block_start",
+    "input_file_block_length", "rand_str", "randstr", "uniform", "try_reflect", "reflect",
+    "java_method", "current_timezone",
+}
+
+
+def check_supported(select: exp.Select, file: SqlFile) -> None:
+    """Reject the shapes of one SELECT (not its subqueries) we cannot maintain."""
+
+    def error(message: str, node: exp.Expression) -> PlanError:
+        return PlanError(message, file.location_of(node))
+
+    order, limit = select.args.get("order"), select.args.get("limit")
+    if order is not None and limit is None:
+        raise error("ORDER BY without LIMIT has no meaning for a streaming table "
+                         "(its rows have no order); remove it", order)
+    where = select.args.get("where")
+    allowed = set()
+    for c in conjuncts(where.this) if where is not None else []:
+        allowed |= {id(c), id(c.this)} if isinstance(c, exp.Not) else {id(c)}
+    for node in select.walk():
+        if isinstance(node, exp.Select) and node is not select:
+            continue  # checked when it is bound
+        if node.find_ancestor(exp.Select) is not select and node is not select:
+            continue
+        if isinstance(node, exp.Window) and not (
+                isinstance(node.parent, exp.Alias) and node.parent.parent is select):
+            raise error("window functions are supported only as ROW_NUMBER() OVER "
+                             "(...) AS rank in a SELECT list, bounded by WHERE rank <= n "
+                             "in the enclosing query (top-N)", node)
+        fname = function_name(node)
+        if fname in NONDETERMINISTIC:
+            raise error(f"non-deterministic function {fname}() cannot be maintained "
+                             "incrementally: a retraction must reproduce the row it "
+                             "removes", node)
+        if isinstance(node, (exp.Exists, exp.In)) and (
+                node.args.get("query") is not None or isinstance(node, exp.Exists)) \
+                and id(node) not in allowed:
+            raise error("IN / EXISTS subqueries are supported only as conditions "
+                             "AND-ed together in WHERE", node)
+        if isinstance(node, exp.Subquery) and not isinstance(
+                node.parent, (exp.From, exp.Join, exp.Union, exp.In)):
+            raise error("scalar subqueries are not supported yet", node)
+
+
+def check_bounded(plan: Node, stmt: TableStmt) -> None:
+    """Reject a ROW_NUMBER that no ``WHERE rank <= n`` bounded (see ``bound_top_n``)."""
+    if (top := _unbounded_top_n(plan)) is not None:
+        window = stmt.query.find(exp.Window)
+        raise SqlError(f"ROW_NUMBER() AS {top.rank} needs a bound: filter the subquery with "
+                       f"WHERE {top.rank} <= n (a ranking of every row is not maintained)",
+                       stmt.file.location_of(window) if window is not None else
+                       stmt.location())
+
+
+def function_name(node: exp.Expression) -> str | None:
+    """The lower-case name of the function ``node`` calls, if it is a call."""
+    if isinstance(node, exp.Anonymous):
+        return str(node.name).lower()
+    if isinstance(node, exp.Func):
+        return node.sql_name().lower()
+    return None
+
+
+def conjuncts(e: exp.Expression) -> list[exp.Expression]:
+    """The AND-ed parts of a condition (parentheses looked through)."""
+    while isinstance(e, exp.Paren):
+        e = e.this
+    if isinstance(e, exp.And):
+        return conjuncts(e.this) + conjuncts(e.expression)
+    return [e]
+
+
+def _unbounded_top_n(node: Node) -> TopN | None:
+    if isinstance(node, TopN) and node.n is None:
+        return node
+    return next((t for c in node.inputs if (t := _unbounded_top_n(c)) is not None), None)
