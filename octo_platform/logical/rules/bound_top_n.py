@@ -10,6 +10,7 @@ import re
 from dataclasses import replace
 
 from octo_platform.logical.plan import Filter, Node, Project, TopN, transform
+from octo_platform.logical.rules.conditions import take_conditions
 from octo_platform.sqltext import quote
 
 __all__ = ["bound_top_n"]
@@ -26,19 +27,12 @@ def bound_top_n(plan: Node) -> Node:
 
 
 def _fold(node: Node) -> Node:
-    if not isinstance(node, Filter):
-        return node
-    child, kept = node.input, []
-    for cond in node.conditions:
-        bound = _rank_bound(cond)
-        folded = _bounded(child, *bound) if bound is not None else None
-        if folded is None:
-            kept.append(cond)
-        else:
-            child = folded
-    if child is node.input:
-        return node
-    return replace(node, input=child, conditions=tuple(kept)) if kept else child
+    return take_conditions(node, _fold_bound) if isinstance(node, Filter) else node
+
+
+def _fold_bound(child: Node, cond: str) -> Node | None:
+    bound = _rank_bound(cond)
+    return _bounded(child, *bound) if bound is not None else None
 
 
 def _rank_bound(cond: str) -> tuple[str, int] | None:

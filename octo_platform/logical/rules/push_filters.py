@@ -9,6 +9,7 @@ from __future__ import annotations
 from dataclasses import replace
 
 from octo_platform.logical.plan import Filter, Join, Node, transform
+from octo_platform.logical.rules.conditions import take_conditions
 from octo_platform.sqltext import referenced_columns, rename_columns
 
 __all__ = ["push_filters"]
@@ -22,16 +23,7 @@ def push_filters(plan: Node) -> Node:
 def _push_filter(node: Node) -> Node:
     if not isinstance(node, Filter) or not isinstance(node.input, Join):
         return node
-    join, kept = node.input, []
-    for cond in node.conditions:
-        moved = _into(join, cond)
-        if moved is None:
-            kept.append(cond)
-        else:
-            join = moved
-    if join is node.input:
-        return node
-    return replace(node, input=join, conditions=tuple(kept)) if kept else join
+    return take_conditions(node, _into)
 
 
 def _into(node: Node, cond: str) -> Node | None:
