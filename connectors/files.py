@@ -137,7 +137,14 @@ def _csv(spark: SparkSession, source: FileSource, files: list[str]) -> Parsed:
 def _parquet(spark: SparkSession, source: FileSource, files: list[str]) -> Parsed:
     from pyspark.sql import functions as F
 
-    df = spark.read.parquet(*files).select("*", F.col("_metadata.file_path").alias("_file"))
+    key = _footer_key(files[0])
+    known = _SCHEMAS.get(key) if key is not None else None
+    df = (spark.read if known is None else spark.read.schema(known)).parquet(*files)
+    if key is not None and known is None:
+        if len(_SCHEMAS) >= _MAX_SCHEMAS:
+            _SCHEMAS.clear()
+        _SCHEMAS[key] = df.schema
+    df = df.select("*", F.col("_metadata.file_path").alias("_file"))
     present = {c.lower(): c for c in df.columns}
     casts, checks = [], []
     for col, typ in zip(source.columns, source.types):
@@ -153,3 +160,23 @@ def _parquet(spark: SparkSession, source: FileSource, files: list[str]) -> Parse
     records = df.selectExpr(*casts, f"CASE WHEN {reason} IS NOT NULL THEN {raw} END AS _raw",
                             "_file", f"{reason} AS _reason")
     return Parsed(records, lambda d: _weighted(d, source))
+
+
+# Spark infers a Parquet file's schema with a Spark job (one task reading a footer) on every
+# read without a schema: a job per batch. Its answer depends only on the footer's schema, so
+# it is kept per footer schema (read on the driver with pyarrow: one small read per batch).
+_SCHEMAS: dict[bytes, object] = {}
+_MAX_SCHEMAS = 64
+
+
+def _footer_key(path: str) -> bytes | None:
+    """The first file's footer schema (metadata included), or None if it is not local."""
+    import pyarrow.parquet as pq
+
+    local = path.removeprefix("file://")
+    if "://" in local:
+        return None
+    try:
+        return pq.read_schema(local).serialize().to_pybytes()
+    except (OSError, ValueError):  # unreadable here: Spark reports it when it reads
+        return None
