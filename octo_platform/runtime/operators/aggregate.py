@@ -6,7 +6,7 @@ from typing import TYPE_CHECKING, Any
 
 from octo_platform.columns import COUNT
 from octo_platform.physical.plan import PAggregate
-from octo_platform.runtime.operators.context import BatchContext, StagedWrite, W
+from octo_platform.runtime.operators.context import BatchContext, W
 from octo_platform.runtime.state_log import BATCH, latest, merge_keyed
 from octo_platform.sqltext import quote, sql_expr
 
@@ -114,7 +114,7 @@ class Aggregate:
             *self.keys, f"n{COUNT} AS {COUNT}",
             *[f"n{f.name} AS {f.name}" for f in shape.state_schema.fields[len(self.keys) + 1:]],
             f"CAST({ctx.batch} AS BIGINT) AS {BATCH}")
-        ctx.writes.append(StagedWrite(node.id, new_state, None))
+        ctx.append_log(node.id, new_state)
         return self.output(table, shape)
 
     def merge_exprs(self, shape: _AggShape) -> list[str]:
@@ -160,8 +160,8 @@ class Aggregate:
                                            for c in [*self.keys, "v"]],
                                          "coalesce(o.cnt, 0) + coalesce(d.dcnt, 0) AS cnt",
                                          "d.dcnt IS NOT NULL AS _changed"))
-        ctx.writes.append(StagedWrite(table, merged.filter("_changed").selectExpr(
-            *self.keys, "v", "cnt", f"CAST({ctx.batch} AS BIGINT) AS {BATCH}"), None))
+        ctx.append_log(table, merged.filter("_changed").selectExpr(
+            *self.keys, "v", "cnt", f"CAST({ctx.batch} AS BIGINT) AS {BATCH}"))
         fn = "count" if a.func == "count" else a.func
         return merged.filter("cnt > 0").groupBy(*self.keys).agg(sql_expr(f"{fn}(v) AS r{i}"))
 

@@ -70,6 +70,12 @@ class BatchContext:
             return self.spark.createDataFrame([], schema)
         return self.spark.read.schema(schema).parquet(*files)
 
+    def append_log(self, table: str, rows: DataFrame) -> None:
+        """Stage ``rows`` for the end of a state log: as ``delta`` files, or, when the log
+        is empty (its first write), as its ``base`` files (nothing to compact them with)."""
+        self.writes.append(StagedWrite(table, rows, None,
+                                       prefix="delta" if self.state_log(table) else "base"))
+
     def compact(self, table: str, merge: Callable[[list[StateFile], bool], DataFrame]) -> None:
         """Stage this batch's compaction of a state log, if it is due (``state_log``)."""
         due = compaction(self.state_log(table))

@@ -8,7 +8,6 @@ from octo_platform.columns import COUNT
 from octo_platform.physical.plan import PJoin
 from octo_platform.runtime.operators.context import (
     BatchContext,
-    StagedWrite,
     W,
     consolidate,
     positional,
@@ -85,8 +84,7 @@ class Join:
             stored = read_log(ctx.spark, ctx.state_log(table), schema)
             old[s] = self.with_keys(stored.toDF(*names, f"_{s}w"), s, types)
             store = [f"{quote(n)} AS {c}" for n, c in zip(names, positional(names))]
-            ctx.writes.append(StagedWrite(table, delta[s].selectExpr(*store, f"_{s}w AS {COUNT}"),
-                                          None))
+            ctx.append_log(table, delta[s].selectExpr(*store, f"_{s}w AS {COUNT}"))
             ctx.compact(table, lambda files, _full, schema=schema: merge_weighted(
                 ctx.spark, files, schema, COUNT))
         parts = []
