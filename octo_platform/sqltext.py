@@ -5,8 +5,8 @@ quoted with backticks, so the runtime hands them to Spark unchanged. This module
 reads that text: ``quote`` a name, find the ``referenced_columns`` of an expression (string
 literals ignored), AND conditions together, and turn text into a Spark ``Column``.
 
->>> referenced_columns("concat(`name`, '`qty`') > `a``b`")
-{'name', 'a`b'}
+>>> sorted(referenced_columns("concat(`name`, '`qty`') > `a``b`"))
+['a`b', 'name']
 """
 from __future__ import annotations
 
