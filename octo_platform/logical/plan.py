@@ -15,6 +15,7 @@ from octo_platform.sqltext import and_, quote
 __all__ = [
     "Mode",
     "Node",
+    "Unary",
     "Scan",
     "Filter",
     "Project",
@@ -65,6 +66,20 @@ class Node:
 
 
 @dataclass(frozen=True)
+class Unary(Node):
+    """A node of one ``input``."""
+
+    input: Node = field(default=None)  # type: ignore[assignment]
+
+    @property
+    def inputs(self) -> tuple[Node, ...]:
+        return (self.input,)
+
+    def with_inputs(self, inputs: tuple[Node, ...]) -> Node:
+        return replace(self, input=inputs[0])
+
+
+@dataclass(frozen=True)
 class Scan(Node):
     """Read a source (``kind='source'``) or another streaming table's changelog, whose
     ``changelog`` mode and primary ``key`` the catalog declares."""
@@ -82,38 +97,22 @@ class Scan(Node):
 
 
 @dataclass(frozen=True)
-class Filter(Node):
+class Filter(Unary):
     """Keep the rows for which every one of ``conditions`` (AND-ed) holds."""
 
-    input: Node = field(default=None)  # type: ignore[assignment]
     conditions: tuple[str, ...] = ()
-
-    @property
-    def inputs(self) -> tuple[Node, ...]:
-        return (self.input,)
 
     @property
     def condition(self) -> str:
         return and_(self.conditions)
-
-    def with_inputs(self, inputs: tuple[Node, ...]) -> Node:
-        return replace(self, input=inputs[0])
 
     def describe(self) -> str:
         return f"Filter {self.condition}"
 
 
 @dataclass(frozen=True)
-class Project(Node):
-    input: Node = field(default=None)  # type: ignore[assignment]
+class Project(Unary):
     exprs: tuple[str, ...] = ()
-
-    @property
-    def inputs(self) -> tuple[Node, ...]:
-        return (self.input,)
-
-    def with_inputs(self, inputs: tuple[Node, ...]) -> Node:
-        return replace(self, input=inputs[0])
 
     def describe(self) -> str:
         items = ", ".join(
@@ -138,24 +137,16 @@ class AggCall:
 
 
 @dataclass(frozen=True)
-class Aggregate(Node):
+class Aggregate(Unary):
     """GROUP BY ``keys`` (input columns) computing ``aggs``; output = keys then aggs.
 
     With no keys it is a global aggregate (exactly one output row, even over empty input).
     ``distinct`` marks a ``SELECT DISTINCT`` / ``UNION`` (keys = every input column, no aggs).
     """
 
-    input: Node = field(default=None)  # type: ignore[assignment]
     keys: tuple[str, ...] = ()
     aggs: tuple[AggCall, ...] = ()
     distinct: bool = False
-
-    @property
-    def inputs(self) -> tuple[Node, ...]:
-        return (self.input,)
-
-    def with_inputs(self, inputs: tuple[Node, ...]) -> Node:
-        return replace(self, input=inputs[0])
 
     def describe(self) -> str:
         keys = ", ".join(quote(k) for k in self.keys) or "()"
@@ -228,7 +219,7 @@ class SortKey:
 
 
 @dataclass(frozen=True)
-class TopN(Node):
+class TopN(Unary):
     """The first ``n`` rows per ``partition`` by ``order`` (ties broken by the other
     columns); ``rank`` names an output ROW_NUMBER column, appended after the input's.
 
@@ -236,18 +227,10 @@ class TopN(Node):
     enclosing ``WHERE rank <= n`` into it and the binder rejects it when there is none.
     """
 
-    input: Node = field(default=None)  # type: ignore[assignment]
     partition: tuple[str, ...] = ()
     order: tuple[SortKey, ...] = ()
     n: int | None = None
     rank: str | None = None
-
-    @property
-    def inputs(self) -> tuple[Node, ...]:
-        return (self.input,)
-
-    def with_inputs(self, inputs: tuple[Node, ...]) -> Node:
-        return replace(self, input=inputs[0])
 
     def describe(self) -> str:
         part = ", ".join(quote(p) for p in self.partition) or "()"
