@@ -1,9 +1,10 @@
 """Helpers shared by the benchmark scripts: the session, octo runs through the public entry
 point, Spark job counting, and the targets table (issue 9) every script prints.
 
-Only public entry points of the runtime are used (``run_tables``, ``spark_session``,
-``RunReport.batches`` / ``BatchStats.seconds``), and keyword arguments ``run_tables`` does not
-accept (it is being rewritten) are dropped rather than failing.
+Only public entry points of the runtime are used (``run_tables`` with
+``octo_platform.wiring.default_options``, ``spark_session``, ``RunReport.batches`` /
+``BatchStats.seconds``), and keyword arguments neither takes (the runtime is being rewritten)
+are dropped rather than failing.
 """
 from __future__ import annotations
 
@@ -100,18 +101,24 @@ def stats(xs: list[float]) -> dict[str, float | None]:
 # -- octo through its public entry point ------------------------------------------------------
 def run_octo(spark: Any, project: Path, warehouse: Path, names: list[str] | None = None,
              **kwargs: Any) -> Any:
-    """``run_tables(..., until_idle=True, progress=None)``; returns its RunReport.
+    """``run_tables(..., options=default_options(warehouse=..., progress=None),
+    until_idle=True)``; returns its RunReport.
 
-    Keyword arguments the current ``run_tables`` does not take (e.g. ``buckets``) are dropped.
+    Keyword arguments go to ``default_options`` (e.g. ``buckets``) or ``run_tables``; those
+    neither takes are dropped.
     """
     from octo_platform.runtime.runner import run_tables
+    from octo_platform.wiring import default_options
 
+    settings = inspect.signature(default_options).parameters
     params = inspect.signature(run_tables).parameters
-    accepted = {k: v for k, v in kwargs.items() if k in params}
-    opts = {"until_idle": True, "progress": None, **accepted}
+    options = default_options(warehouse=str(warehouse), progress=None,
+                              **{k: v for k, v in kwargs.items() if k in settings})
+    opts = {"until_idle": True,
+            **{k: v for k, v in kwargs.items() if k in params and k not in settings}}
     if names is not None:
         opts["names"] = names
-    return run_tables(spark, project, warehouse=str(warehouse), **opts)
+    return run_tables(spark, project, options=options, **opts)
 
 
 def batches(report: Any, table: str | None = None) -> list[Any]:

@@ -422,7 +422,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--history-batches", type=int)
     ap.add_argument("--batch-events", type=int)
     ap.add_argument("--measured-batches", type=int)
-    ap.add_argument("--buckets", type=int, help="run_tables(buckets=...) if it takes it")
+    ap.add_argument("--buckets", type=int, help="default_options(buckets=...) if it takes it")
     ap.add_argument("--seed", type=int, default=7)
     ap.add_argument("--no-warmup", action="store_true")
     ap.add_argument("--out", type=Path, default=Path("/tmp/octo-bench/nexmark_joins"))

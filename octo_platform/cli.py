@@ -138,12 +138,14 @@ def _run(args: argparse.Namespace) -> int:
     for name in args.names:
         project.table(name)  # unknown names fail before Spark starts
     from octo_platform.runtime.runner import run_tables
+    from octo_platform.wiring import default_options
 
     spark = _session(args)
-    report = run_tables(spark, project, warehouse=args.warehouse,
+    report = run_tables(spark, project,
+                        options=default_options(warehouse=args.warehouse, buckets=args.buckets),
                         names=None if args.all else args.names,
-                        until_idle=args.until_idle, buckets=args.buckets,
-                        interval=args.interval, parallel=args.parallel)
+                        until_idle=args.until_idle, interval=args.interval,
+                        parallel=args.parallel)
     total = len(report.batches)
     print(f"done: {total} batch(es), {report.dead_letters} dead letter(s)")
     return 0
@@ -175,9 +177,10 @@ def _backfill(args: argparse.Namespace) -> int:
             print(f"octo: error: {e}", file=sys.stderr)
             return 2
     from octo_platform.runtime.recompute import backfill
+    from octo_platform.wiring import default_options
 
-    report = backfill(_session(args), project, table.name, window=window,
-                      warehouse=args.warehouse)
+    report = backfill(_session(args), project, table.name,
+                      options=default_options(warehouse=args.warehouse), window=window)
     if report.batch is not None:
         print(f"done: {report.rows_changed} row(s) changed in "
               f"{', '.join(report.partitions) or 'the table'}, published as batch "
@@ -188,12 +191,13 @@ def _backfill(args: argparse.Namespace) -> int:
 def _refresh(args: argparse.Namespace) -> int:
     from octo_platform.project import load_project
     from octo_platform.runtime.recompute import refresh
+    from octo_platform.wiring import default_options
 
     project = load_project(args.project)
     for name in args.names:
         project.table(name)  # unknown names fail before Spark starts
     report = refresh(_session(args), project, args.names,
-                     warehouse=args.warehouse)
+                     options=default_options(warehouse=args.warehouse))
     print(f"done: {len(report.batches)} batch(es), {report.dead_letters} dead letter(s)")
     return 0
 

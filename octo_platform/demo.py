@@ -39,17 +39,17 @@ def run_demo(*, directory: str | None = None, rounds: int = 3) -> None:
     """Create a demo project in ``directory`` (default: a fresh temp dir) and run ``rounds``."""
     from connectors.generators.nexmark import NexmarkGenerator, demo_round
     from octo_platform.project import load_project
-    from octo_platform.runtime.layout import Layout
-    from octo_platform.runtime.runner import resolve_warehouse, run_tables
+    from octo_platform.runtime.runner import run_tables
     from octo_platform.runtime.session import QUICK_START_CONF, spark_session
-    from state.delta import DeltaStore
+    from octo_platform.wiring import default_options
 
     if rounds < 1:
         raise OctoError(f"--rounds must be at least 1 (got {rounds})")
     started = time.monotonic()
     project_dir = _create_project(directory)
     project = load_project(project_dir)
-    layout = Layout(resolve_warehouse(project.root, None))
+    options = default_options(progress=None)
+    layout = options.layout(project.root)
     # Shown by file (so by group); run_tables itself runs upstream tables first.
     tables = sorted((t.name for t in project.order()),
                     key=lambda n: (project.table(n).definition.file, n))
@@ -57,7 +57,7 @@ def run_demo(*, directory: str | None = None, rounds: int = 3) -> None:
     print(f"streaming tables ({len(tables)}): {', '.join(tables)}")
     print("starting Spark ...", flush=True)
     spark = spark_session(conf=QUICK_START_CONF)
-    store = DeltaStore()
+    store = options.env.store
     generator = NexmarkGenerator()
     for round_no in range(rounds):
         counts = demo_round(project_dir, round_no=round_no, generator=generator)
@@ -65,7 +65,7 @@ def run_demo(*, directory: str | None = None, rounds: int = 3) -> None:
         print(f"\n{'=' * 100}\nRound {round_no + 1}/{rounds}: new input files with {inputs} and "
               f"{counts['auctions_cdc']} auctions_cdc change events\n{'=' * 100}", flush=True)
         t0 = time.monotonic()
-        report = run_tables(spark, project, until_idle=True, progress=None)
+        report = run_tables(spark, project, options=options, until_idle=True)
         print(f"ran {len(report.batches)} batch(es) in {time.monotonic() - t0:.1f}s: "
               + ", ".join(f"{b.table} {b.seconds:.1f}s" for b in report.batches))
         for name in tables:

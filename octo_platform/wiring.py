@@ -1,15 +1,22 @@
 """Wire the runtime to its edges: delta-rs for storage, the files and delta connectors.
 
-With the CLI and ``orchestration/``, the only place that picks implementations.
+The only module that picks implementations: the CLI, the demo, ``orchestration/`` and the
+benchmarks call it and pass the result to the runtime's entry points.
 """
 from __future__ import annotations
 
-from octo_platform.runtime.pipeline import Environment
+import functools
+from typing import Callable
 
-__all__ = ["default_environment"]
+from octo_platform.runtime.environment import Environment
+from octo_platform.runtime.options import RunOptions
+from octo_platform.runtime.pipeline import DEFAULT_BUCKETS
+
+__all__ = ["default_environment", "default_options"]
 
 
 def default_environment(storage_options: dict[str, str] | None = None) -> Environment:
+    """delta-rs (with ``storage_options`` for object stores) and the built-in connectors."""
     from connectors import debezium, delta_table, files
     from state.delta import DeltaStore
 
@@ -32,4 +39,15 @@ def default_environment(storage_options: dict[str, str] | None = None) -> Enviro
         decode_changelog=debezium.decode,
         encode_changelog=debezium.encode,
         encode_keyed=debezium.encode_keyed,
+        rebuild=functools.partial(default_environment, storage_options),
     )
+
+
+def default_options(*, warehouse: str | None = None,
+                    storage_options: dict[str, str] | None = None,
+                    buckets: int = DEFAULT_BUCKETS,
+                    progress: Callable[[str], None] | None = print) -> RunOptions:
+    """``RunOptions`` on the default environment, e.g.
+    ``run_tables(spark, "my_project", options=default_options(warehouse="s3://b/wh"))``."""
+    return RunOptions(default_environment(storage_options), warehouse=warehouse,
+                      buckets=buckets, progress=progress)

@@ -31,15 +31,15 @@ Schedules and the sensor are created STOPPED: a group should be driven by one of
 # No ``from __future__ import annotations``: Dagster reads the op's annotations as objects.
 import json
 import time
-from collections import Counter
 from typing import Any
 
 import dagster as dg
 
 from octo_platform.errors import CatalogError
 from octo_platform.project import Project
-from orchestration.assets import group_name
 from orchestration.resources import SparkResource, WarehouseResource
+from orchestration.runs import backlog_metadata, run_metadata
+from orchestration.translator import OctoTranslator
 
 __all__ = ["project_automation", "ContinuousConfig", "RESTART_CRON", "CATCH_UP_CRON",
            "CONTINUOUS_MINUTES", "SENSOR_NAME", "OBSERVE_EVERY_S"]
@@ -59,7 +59,8 @@ class ContinuousConfig(dg.Config):
     interval: str = "1 second"
 
 
-def project_automation(project: Project, *, restart_cron: str = RESTART_CRON,
+def project_automation(project: Project, translator: OctoTranslator, *,
+                       restart_cron: str = RESTART_CRON,
                        catch_up_cron: str = CATCH_UP_CRON,
                        default_status: dg.DefaultScheduleStatus = dg.DefaultScheduleStatus.STOPPED,
                        sensor_status: dg.DefaultSensorStatus = dg.DefaultSensorStatus.STOPPED,
@@ -67,7 +68,7 @@ def project_automation(project: Project, *, restart_cron: str = RESTART_CRON,
     """``jobs``, ``schedules`` and ``sensors`` for ``dg.Definitions(**...)``."""
     groups: dict[str, list[str]] = {}
     for t in project.order():
-        groups.setdefault(group_name(t.group), []).append(t.name)
+        groups.setdefault(translator.get_table_group_name(t), []).append(t.name)
     for group, tables in groups.items():
         declared = {project.table(t).definition.partitioning: t for t in tables}
         declared.pop(None, None)
@@ -80,21 +81,23 @@ def project_automation(project: Project, *, restart_cron: str = RESTART_CRON,
     schedules: list = []
     catch_ups: dict[str, dg.UnresolvedAssetJobDefinition] = {}
     for group, tables in groups.items():
-        continuous = continuous_job(project, group, tables)
+        continuous = continuous_job(project, group, tables, translator)
         catch_ups[group] = dg.define_asset_job(
-            f"catch_up_{group}", selection=dg.AssetSelection.assets(*tables),
+            f"catch_up_{group}",
+            selection=dg.AssetSelection.assets(*map(translator.get_asset_key, tables)),
             description=f"Catch-up run of the streaming tables of group {group!r}.")
         jobs += [continuous, catch_ups[group]]
         schedules += [_restart_schedule(continuous, group, restart_cron, default_status),
                       _catch_up_schedule(catch_ups[group], continuous.name, group,
                                          catch_up_cron, default_status)]
-    jobs += [full_refresh_job(project, t.name) for t in project.order()]
-    sensors = [backlog_sensor(project, catch_ups, sensor_status)] if groups else []
+    jobs += [full_refresh_job(project, t.name, translator) for t in project.order()]
+    sensors = [backlog_sensor(project, catch_ups, translator, sensor_status)] if groups else []
     return {"jobs": jobs, "schedules": schedules, "sensors": sensors}
 
 
 # -- continuous mode --------------------------------------------------------------------------
-def continuous_job(project: Project, group: str, tables: list[str]) -> dg.JobDefinition:
+def continuous_job(project: Project, group: str, tables: list[str],
+                   translator: OctoTranslator) -> dg.JobDefinition:
     """Run ``tables`` continuously until ``minutes`` have passed, then stop cleanly."""
 
     @dg.op(name=f"run_continuously_{group}",
@@ -102,7 +105,7 @@ def continuous_job(project: Project, group: str, tables: list[str]) -> dg.JobDef
     def _op(context: dg.OpExecutionContext, config: ContinuousConfig, spark: SparkResource,
             warehouse: WarehouseResource) -> dg.Output:
         return run_continuously(project, tables, config=config, spark=spark.get_session(),
-                                warehouse=warehouse, context=context)
+                                warehouse=warehouse, context=context, translator=translator)
 
     @dg.job(name=f"continuous_{group}", executor_def=dg.in_process_executor,
             description=f"Streaming tables of group {group!r} running continuously until a "
@@ -116,39 +119,30 @@ def continuous_job(project: Project, group: str, tables: list[str]) -> dg.JobDef
 
 
 def run_continuously(project: Project, tables: list[str], *, config: ContinuousConfig, spark,
-                     warehouse: WarehouseResource, context) -> dg.Output:
+                     warehouse: WarehouseResource, context,
+                     translator: OctoTranslator) -> dg.Output:
     from octo_platform.runtime.runner import run_tables
     from octo_platform.runtime.status import table_status
 
-    wh, env, log = warehouse.location(project.root), warehouse.environment(), context.log.info
+    log = context.log.info
+    options = warehouse.options(project.root, progress=log)
     started = time.monotonic()
     log(f"running {', '.join(tables)} continuously for {config.minutes:g} minute(s)")
-    report = run_tables(spark, project, warehouse=wh, names=tables, until_idle=False, env=env,
-                        storage_options=warehouse.storage_options or None, progress=log,
+    report = run_tables(spark, project, options=options, names=tables, until_idle=False,
                         deadline=time.time() + config.minutes * 60, interval=config.interval)
     seconds = time.monotonic() - started
     summary: dict[str, Any] = {}
     for name in tables:
         batches = report.for_table(name)
-        events: Counter[str] = Counter()
-        for b in batches:
-            events.update(b.events)
-        status = table_status(project, name, warehouse=wh, env=env)
-        meta = {"batches": len(batches), "rows_in": sum(b.rows_in for b in batches),
-                "events_c": events.get("c", 0), "events_u": events.get("u", 0),
-                "events_d": events.get("d", 0),
-                "dead_letters": sum(b.dead_letters for b in batches),
-                "last_batch": status.last_batch, "changelog_version": status.changelog_version,
-                "dagster/row_count": status.current_rows or 0, "backlog": status.waiting,
-                "backlog_by_input": status.backlog, "duration_s": round(seconds, 3),
-                "mode": "continuous"}
+        status = table_status(project, name, options=options)
+        meta = {**run_metadata(batches, status, seconds), "mode": "continuous"}
         summary[name] = {k: v for k, v in meta.items() if k != "backlog_by_input"}
         log(f"[{name}] stopped at the deadline: {meta['batches']} batch(es), "
             f"{meta['rows_in']} rows in, last batch {status.last_batch}, "
             f"{status.waiting} input(s) waiting")
         if batches:
             context.log_event(dg.AssetMaterialization(
-                asset_key=dg.AssetKey(name), metadata=meta,
+                asset_key=translator.get_asset_key(name), metadata=meta,
                 description="continuous run (stopped at its deadline)"))
     return dg.Output(None, metadata={
         "batches": len(report.batches), "rows_in": sum(b.rows_in for b in report.batches),
@@ -192,7 +186,8 @@ def _catch_up_schedule(job, continuous_job_name: str, group: str, cron: str,
 
 
 # -- full refresh -----------------------------------------------------------------------------
-def full_refresh_job(project: Project, name: str) -> dg.JobDefinition:
+def full_refresh_job(project: Project, name: str,
+                     translator: OctoTranslator) -> dg.JobDefinition:
     """Reset ``name`` and the tables downstream of it, then rebuild them from all input."""
     from octo_platform.runtime.recompute import downstream_of
 
@@ -206,13 +201,12 @@ def full_refresh_job(project: Project, name: str) -> dg.JobDefinition:
 
         started = time.monotonic()
         report = refresh(spark.get_session(), project, [name],
-                         warehouse=warehouse.location(project.root), env=warehouse.environment(),
-                         storage_options=warehouse.storage_options or None,
-                         progress=context.log.info)
+                         options=warehouse.options(project.root, progress=context.log.info))
         for table in affected:
             batches = report.for_table(table)
             context.log_event(dg.AssetMaterialization(
-                asset_key=dg.AssetKey(table), description="full refresh: rebuilt from all input",
+                asset_key=translator.get_asset_key(table),
+                description="full refresh: rebuilt from all input",
                 metadata={"batches": len(batches), "rows_in": sum(b.rows_in for b in batches),
                           "dead_letters": sum(b.dead_letters for b in batches),
                           "mode": "full refresh"}))
@@ -232,16 +226,10 @@ def full_refresh_job(project: Project, name: str) -> dg.JobDefinition:
 
 
 # -- the backlog sensor and the lag view -------------------------------------------------------
-def backlog_sensor(project: Project, jobs: dict[str, Any], status: dg.DefaultSensorStatus
-                   ) -> dg.SensorDefinition:
+def backlog_sensor(project: Project, jobs: dict[str, Any], translator: OctoTranslator,
+                   status: dg.DefaultSensorStatus) -> dg.SensorDefinition:
     """A catch-up run for tables whose inputs have new data, plus lag observations."""
-    downstream: dict[str, set[str]] = {t.name: set() for t in project.order()}
-    for t in project.order():
-        for dep in t.definition.deps:
-            if dep.lower() in project.tables:
-                downstream[project.table(dep).name].add(t.name)
-
-    group_of = {t.name: group_name(t.group) for t in project.order()}
+    group_of = {t.name: translator.get_table_group_name(t) for t in project.order()}
 
     @dg.sensor(name=SENSOR_NAME, jobs=list(jobs.values()),
                minimum_interval_seconds=SENSOR_INTERVAL_S,
@@ -252,22 +240,22 @@ def backlog_sensor(project: Project, jobs: dict[str, Any], status: dg.DefaultSen
     def _sensor(context: dg.SensorEvaluationContext, warehouse: WarehouseResource):
         busy = {g for g in set(group_of.values())
                 if _running(context.instance, f"continuous_{g}")}
-        return evaluate_backlog(project, downstream, context, warehouse,
+        return evaluate_backlog(project, context, warehouse, translator,
                                 busy={t for t, g in group_of.items() if g in busy})
 
     return _sensor
 
 
-def evaluate_backlog(project: Project, downstream: dict[str, set[str]],
-                     context: dg.SensorEvaluationContext,
-                     warehouse: WarehouseResource, busy: set[str] = frozenset()
-                     ) -> dg.SensorResult:
+def evaluate_backlog(project: Project, context: dg.SensorEvaluationContext,
+                     warehouse: WarehouseResource, translator: OctoTranslator,
+                     busy: set[str] = frozenset()) -> dg.SensorResult:
     """``busy``: tables a continuous run is running (they pick up their input themselves;
     the sensor looks at them again once that run has stopped). One run request per group
     (its ``catch_up_<group>`` job), upstream groups first."""
+    from octo_platform.runtime.recompute import downstream_of
     from octo_platform.runtime.status import table_status
 
-    wh, env = warehouse.location(project.root), warehouse.environment()
+    options = warehouse.options(project.root)
     cursor = json.loads(context.cursor) if context.cursor else {}
     seen: dict[str, str] = cursor.get("seen", {})  # signatures last observed
     requested: dict[str, str] = cursor.get("requested", {})  # signatures a run was asked for
@@ -275,7 +263,7 @@ def evaluate_backlog(project: Project, downstream: dict[str, set[str]],
     now = time.time()
     new, events, waiting = [], [], {}
     for t in project.order():
-        status = table_status(project, t.name, warehouse=wh, env=env)
+        status = table_status(project, t.name, options=options)
         signature = json.dumps([status.last_batch, sorted(status.backlog.items())])
         if t.name in busy:
             requested.pop(t.name, None)  # looked at again once the continuous run stops
@@ -288,7 +276,7 @@ def evaluate_backlog(project: Project, downstream: dict[str, set[str]],
         changed, seen[t.name] = seen.get(t.name) != signature, signature
         if changed or now - observed.get(t.name, 0) >= OBSERVE_EVERY_S:
             observed[t.name] = now
-            events.append(observation(t.name, status, now))
+            events.append(observation(translator.get_asset_key(t.name), status, now))
     cursor_out = json.dumps({"seen": seen, "requested": requested, "observed": observed},
                             sort_keys=True)
     if not new:
@@ -297,33 +285,25 @@ def evaluate_backlog(project: Project, downstream: dict[str, set[str]],
         if busy:
             reason += f"; running continuously: {', '.join(sorted(busy))}"
         return dg.SensorResult(skip_reason=reason, cursor=cursor_out, asset_events=events)
-    selected: set[str] = set()
-    todo = list(new)
-    while todo:
-        name = todo.pop()
-        if name not in selected and name not in busy:
-            selected.add(name)
-            todo += downstream.get(name, ())
     by_group: dict[str, list[str]] = {}
-    for t in project.order():
-        if t.name in selected:
-            by_group.setdefault(group_name(t.group), []).append(t.name)
+    for name in downstream_of(project, new, skip=busy):
+        group = translator.get_table_group_name(project.table(name))
+        by_group.setdefault(group, []).append(name)
     key = ";".join(f"{n}={seen[n]}" for n in new)
     return dg.SensorResult(
         run_requests=[dg.RunRequest(run_key=f"{group}:{key}", job_name=f"catch_up_{group}",
-                                    asset_selection=[dg.AssetKey(n) for n in names],
+                                    asset_selection=[translator.get_asset_key(n) for n in names],
                                     tags={"octo/trigger": "backlog",
                                           "octo/waiting": ",".join(new)})
                       for group, names in by_group.items()],
         cursor=cursor_out, asset_events=events)
 
 
-def observation(name: str, status, now: float) -> dg.AssetObservation:
+def observation(key: dg.AssetKey, status, now: float) -> dg.AssetObservation:
     """The lag of one table: input waiting, batches, age of the last commit."""
     age = None if status.last_commit_ms is None else round(now - status.last_commit_ms / 1000, 1)
     meta: dict[str, Any] = {
-        "backlog": status.waiting,
-        "backlog_by_input": status.backlog,
+        **backlog_metadata(status),
         "last_batch": status.last_batch,
         "last_commit_age_s": age if age is not None else dg.MetadataValue.null(),
         "pending_batch": status.pending_batch if status.pending_batch is not None
@@ -331,4 +311,4 @@ def observation(name: str, status, now: float) -> dg.AssetObservation:
     }
     if status.last_commit_ms is not None:
         meta["last_commit"] = dg.MetadataValue.timestamp(status.last_commit_ms / 1000)
-    return dg.AssetObservation(asset_key=dg.AssetKey(name), metadata=meta)
+    return dg.AssetObservation(asset_key=key, metadata=meta)

@@ -27,9 +27,11 @@ from typing import Any, Iterable, Iterator
 
 import dagster as dg
 
+from octo_platform.columns import BUCKET
 from octo_platform.errors import OctoError
 from octo_platform.project import CompiledTable, Project
 from orchestration.resources import WarehouseResource
+from orchestration.translator import OctoTranslator
 
 __all__ = ["project_checks", "table_checks", "expectations_check", "load_expectations",
            "expectations_path", "replay_changelog", "Replay", "REPLAY", "EXCESS_DELETES",
@@ -39,19 +41,19 @@ REPLAY = "replay_matches_current"
 EXCESS_DELETES = "no_excess_deletes"
 PK_UNIQUE = "primary_key_unique"
 EXPECTATIONS = "expectations"
-BUCKET = "_bucket"
 SHOW = 5  # offending rows shown in a check's metadata
 
 
-def project_checks(project: Project) -> list[dg.AssetChecksDefinition]:
+def project_checks(project: Project,
+                   translator: OctoTranslator) -> list[dg.AssetChecksDefinition]:
     """The built-in checks of every streaming table, plus an ``expectations`` check for each
     table that declares expectations."""
     checks: list[dg.AssetChecksDefinition] = []
     for table in project.order():
-        checks.append(table_checks(project, table))
+        checks.append(table_checks(project, table, translator))
         expectations = load_expectations(project, table)
         if expectations:
-            checks.append(expectations_check(project, table, expectations))
+            checks.append(expectations_check(project, table, expectations, translator))
     return checks
 
 
@@ -85,11 +87,12 @@ def replay_changelog(events: Iterable[dict[str, Any]], columns: list[str]) -> Re
                   batches=len({e["source"]["batch_id"] for e in ordered}), excess_deletes=excess)
 
 
-def table_checks(project: Project, table: CompiledTable) -> dg.AssetChecksDefinition:
+def table_checks(project: Project, table: CompiledTable,
+                 translator: OctoTranslator) -> dg.AssetChecksDefinition:
     """Replay, excess-delete and (with a primary key) key-uniqueness checks of one table."""
     name, columns = table.name, list(table.definition.columns)
     pk = list(table.definition.pk or ())
-    key = dg.AssetKey(name)
+    key = translator.get_asset_key(name)
     specs = [
         dg.AssetCheckSpec(REPLAY, asset=key, blocking=True, description=(
             "Replaying the changelog in batch order (remove `before`, add `after`) gives "
@@ -105,10 +108,10 @@ def table_checks(project: Project, table: CompiledTable) -> dg.AssetChecksDefini
     def _checks(context: dg.AssetCheckExecutionContext,
                 warehouse: WarehouseResource) -> Iterator[dg.AssetCheckResult]:
         selected = {k.name for k in context.selected_asset_check_keys}
-        store = warehouse.environment().store
-        wh = warehouse.location(project.root)
-        changelog = store.read(f"{wh}/{name}")
-        current = store.read(f"{wh}/_current/{name}")
+        options = warehouse.options(project.root)
+        store, layout = options.env.store, options.layout(project.root)
+        changelog = store.read(layout.changelog(name))
+        current = store.read(layout.current(name))
         if changelog is None and current is None:
             for spec in specs:
                 if spec.name in selected:
@@ -203,20 +206,21 @@ def load_expectations(project: Project, table: CompiledTable) -> list[dict[str, 
 
 
 def expectations_check(project: Project, table: CompiledTable,
-                       expectations: list[dict[str, Any]]) -> dg.AssetChecksDefinition:
+                       expectations: list[dict[str, Any]],
+                       translator: OctoTranslator) -> dg.AssetChecksDefinition:
     """One blocking check running the table's expectations on its current snapshot."""
     name = table.name
     rel = expectations_path(project, table).relative_to(project.root)
     listed = "\n".join(f"- `{e['expectation_type']}` {json.dumps(e['kwargs'])}"
                        for e in expectations)
 
-    @dg.asset_check(asset=dg.AssetKey(name), name=EXPECTATIONS, blocking=True,
+    @dg.asset_check(asset=translator.get_asset_key(name), name=EXPECTATIONS, blocking=True,
                     description=f"great-expectations on `_current/{name}` "
                                 f"(declared in `{rel}`):\n{listed}",
                     metadata={"expectations_file": str(rel)})
     def _check(warehouse: WarehouseResource) -> dg.AssetCheckResult:
-        store = warehouse.environment().store
-        current = store.read(f"{warehouse.location(project.root)}/_current/{name}")
+        options = warehouse.options(project.root)
+        current = options.env.store.read(options.layout(project.root).current(name))
         if current is None:
             return dg.AssetCheckResult(passed=True, severity=dg.AssetCheckSeverity.ERROR,
                                        description="not written yet: nothing to check")

@@ -24,16 +24,19 @@ from orchestration.assets import project_assets
 from orchestration.automation import project_automation
 from orchestration.checks import project_checks
 from orchestration.resources import SparkResource, WarehouseResource
+from orchestration.translator import OctoTranslator
 
 __all__ = ["build_definitions", "resources_from_env", "defs"]
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
 
 
-def build_definitions(project_dir: str | Path, *,
-                      resources: Mapping[str, Any] | None = None) -> dg.Definitions:
+def build_definitions(project_dir: str | Path, *, resources: Mapping[str, Any] | None = None,
+                      translator: OctoTranslator | None = None) -> dg.Definitions:
     """Definitions of one octo project: source assets, one asset per streaming table and the
     ``spark`` / ``warehouse`` resources (default: local Spark, ``<project>/warehouse``).
+    ``translator`` (default ``OctoTranslator()``) names and describes the assets; a subclass
+    changes them for every asset, check, job, schedule and sensor.
 
     Runs execute in process: every step of a run shares one SparkSession (a JVM per step
     would cost seconds each), and steps run in dependency order.
@@ -42,9 +45,11 @@ def build_definitions(project_dir: str | Path, *,
     if resources is None:
         resources = {"spark": SparkResource(),
                      "warehouse": WarehouseResource(path=str(project.root / "warehouse"))}
-    return dg.Definitions(assets=project_assets(project), asset_checks=project_checks(project),
-                          resources=dict(resources),
-                          executor=dg.in_process_executor, **project_automation(project))
+    translator = translator or OctoTranslator()
+    return dg.Definitions(assets=project_assets(project, translator),
+                          asset_checks=project_checks(project, translator),
+                          resources=dict(resources), executor=dg.in_process_executor,
+                          **project_automation(project, translator))
 
 
 def resources_from_env(project_dir: str | Path, environ: Mapping[str, str]) -> dict[str, Any]:

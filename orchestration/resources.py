@@ -7,7 +7,7 @@ Environments pick their values once, in ``orchestration/definitions.py``.
 from __future__ import annotations
 
 from pathlib import Path
-from typing import TYPE_CHECKING, Optional
+from typing import TYPE_CHECKING, Callable, Optional
 
 import dagster as dg
 from pydantic import Field, PrivateAttr
@@ -15,7 +15,7 @@ from pydantic import Field, PrivateAttr
 if TYPE_CHECKING:
     from pyspark.sql import SparkSession
 
-    from octo_platform.runtime.pipeline import Environment
+    from octo_platform.runtime.options import RunOptions
 
 __all__ = ["SparkResource", "WarehouseResource"]
 
@@ -58,12 +58,15 @@ class WarehouseResource(dg.ConfigurableResource):
 
     def location(self, project_root: str | Path) -> str:
         """The resolved warehouse for a project: absolute path or URI."""
-        from octo_platform.runtime.runner import resolve_warehouse
+        from octo_platform.runtime.options import resolve_warehouse
 
         return resolve_warehouse(Path(project_root), self.path)
 
-    def environment(self) -> Environment:
-        """The runtime's edges (delta-rs store, connectors) for this warehouse."""
-        from octo_platform.wiring import default_environment
+    def options(self, project_root: str | Path,
+                progress: Callable[[str], None] | None = None) -> RunOptions:
+        """The runtime's options for a project: this warehouse, on the default edges
+        (delta-rs with ``storage_options``, the built-in connectors)."""
+        from octo_platform.wiring import default_options
 
-        return default_environment(self.storage_options or None)
+        return default_options(warehouse=self.location(project_root),
+                               storage_options=self.storage_options or None, progress=progress)

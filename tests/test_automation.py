@@ -13,6 +13,7 @@ import pytest
 from octo_platform.project import load_project
 from octo_platform.runtime.runner import run_tables
 from octo_platform.runtime.status import table_status
+from octo_platform.wiring import default_options
 from orchestration.automation import CATCH_UP_CRON, CONTINUOUS_MINUTES, RESTART_CRON
 from orchestration.definitions import build_definitions
 from orchestration.resources import SparkResource, WarehouseResource
@@ -122,7 +123,8 @@ def test_sensor_requests_catch_up_only_for_new_input(spark, project: Path, insta
     assert not out.run_requests and "already requested" in out.skip_message
     assert obs == {}  # nothing changed: no new observation
 
-    run_tables(spark, project, warehouse=str(project / "wh"), progress=None,  # the catch-up
+    run_tables(spark, project,  # the catch-up
+               options=default_options(warehouse=str(project / "wh"), progress=None),
                names=[k.to_user_string() for k in req.asset_selection])
     out, obs = tick()
     assert not out.run_requests and out.skip_message == "no input waiting"
@@ -180,11 +182,13 @@ def test_continuous_run_stops_cleanly_at_its_deadline(spark, project: Path):
     prj = load_project(project)
     wh = project / "wh"
     for table in TABLES:  # stopped between batches: nothing half-done
-        assert table_status(prj, table, warehouse=str(wh)).pending_batch is None
+        assert table_status(prj, table,
+                            options=default_options(warehouse=str(wh))).pending_batch is None
         assert replay(wh, table) == current(wh, table)
     # the next run (locks released) resumes where the continuous run stopped, exactly once
-    run_tables(spark, prj, warehouse=str(wh), until_idle=True, progress=None)
+    run_tables(spark, prj, options=default_options(warehouse=str(wh), progress=None),
+               until_idle=True)
     check_oracle(spark, project, data)
     for table in TABLES:
-        assert table_status(prj, table, warehouse=str(wh)).backlog == {
+        assert table_status(prj, table, options=default_options(warehouse=str(wh))).backlog == {
             "per_key": {"source:events": 0}, "by_count": {"table:per_key": 0}}[table]

@@ -18,10 +18,11 @@ from deltalake import DeltaTable
 
 from octo_platform.errors import RunError, SqlError
 from octo_platform.project import load_project
+from octo_platform.runtime.options import RunOptions
 from octo_platform.runtime.publish import RECOMPUTED
 from octo_platform.runtime.recompute import backfill
 from octo_platform.runtime.runner import run_tables
-from octo_platform.wiring import default_environment
+from octo_platform.wiring import default_environment, default_options
 from tests.oracle import (
     batch_result,
     changelog_events,
@@ -93,7 +94,7 @@ def project(tmp_path):
 
 def test_backfill_publishes_corrections_downstream_and_equals_scratch(spark, project,
                                                                        capsys):
-    run_tables(spark, project, until_idle=True, progress=None)
+    run_tables(spark, project, options=default_options(progress=None), until_idle=True)
     day2 = rows_of(2, 12, seed=2)
     day2[0]["v"] += 5  # a corrected value
     del day2[3]  # a row withdrawn
@@ -104,12 +105,12 @@ def test_backfill_publishes_corrections_downstream_and_equals_scratch(spark, pro
     before = version(project, "daily")
 
     with pytest.raises(RunError, match=r"outside that range: 2026-11-02 \(\d+ rows\)"):
-        backfill(spark, project, "daily", window=part.window("2026-11-01", "2026-11-01"),
-                 progress=None)
+        backfill(spark, project, "daily", options=default_options(progress=None),
+                 window=part.window("2026-11-01", "2026-11-01"))
     assert version(project, "daily") == before, "a refused backfill writes nothing"
 
-    report = backfill(spark, project, "daily", window=part.window("2026-11-02", "2026-11-03"),
-                      progress=None)
+    report = backfill(spark, project, "daily", options=default_options(progress=None),
+                      window=part.window("2026-11-02", "2026-11-03"))
     assert report.partitions == ["2026-11-02"]
     assert report.batch is not None and report.batch.events.get("u", 0) > 0
     last = changelog_events(project / "warehouse", "daily")[-1]
@@ -119,7 +120,7 @@ def test_backfill_publishes_corrections_downstream_and_equals_scratch(spark, pro
     # Downstream tables read the correction batch like any other: per_k gets `u` events.
     per_k_batches = len({e["source"]["batch_id"]
                          for e in changelog_events(project / "warehouse", "per_k")})
-    run_tables(spark, project, until_idle=True, progress=None)
+    run_tables(spark, project, options=default_options(progress=None), until_idle=True)
     newest = max(e["source"]["batch_id"] for e in changelog_events(project / "warehouse",
                                                                      "per_k"))
     assert newest >= per_k_batches
@@ -128,7 +129,7 @@ def test_backfill_publishes_corrections_downstream_and_equals_scratch(spark, pro
 
     # The join kept its state from the recomputation: a backfill of all of `big` finds the
     # corrected day through `daily`'s changelog and publishes the difference.
-    report = backfill(spark, project, "big", progress=None)
+    report = backfill(spark, project, "big", options=default_options(progress=None))
     assert report.what == "all"
     check_like_scratch(spark, project)
 
@@ -164,20 +165,21 @@ def test_crash_while_publishing_is_finished_by_the_next_run(spark, project, tmp_
                                                              capsys):
     from octo_platform.cli import main
 
-    run_tables(spark, project, until_idle=True, progress=None)
+    run_tables(spark, project, options=default_options(progress=None), until_idle=True)
     write_day(project, 1, rows_of(1, 10, seed=7))  # day 1 corrected in place
     env = default_environment()
     env = dataclasses.replace(
         env, store=_CrashOnce(env.store, str(project / "warehouse" / "daily")))
     with pytest.raises(KeyboardInterrupt):
-        backfill(spark, project, "daily", env=env, progress=None)
+        backfill(spark, project, "daily", options=RunOptions(env, progress=None))
     log = DeltaTable(str(project / "warehouse" / "_octo" / "daily" / "log")).to_pyarrow_table()
     intents = [json.loads(p) for p in log.column("payload").to_pylist()]
     assert any(RECOMPUTED in p for p in intents), "the intent was logged before publishing"
 
     # An ordinary run finds the pending intent and finishes it exactly once.
-    run_tables(spark, project, until_idle=True, progress=None)
-    backfill(spark, project, "big", progress=None)  # it read day 1 before the correction
+    run_tables(spark, project, options=default_options(progress=None), until_idle=True)
+    # big read day 1 before the correction
+    backfill(spark, project, "big", options=default_options(progress=None))
     check_like_scratch(spark, project)
     recomputed = [e for e in changelog_events(project / "warehouse", "daily")
                   if e["source"]["batch_id"] == max(
@@ -190,7 +192,7 @@ def test_crash_while_publishing_is_finished_by_the_next_run(spark, project, tmp_
     scratch = tmp_path / "scratch"
     shutil.copytree(project / "sql", scratch / "sql")
     shutil.copytree(project / "data", scratch / "data")
-    run_tables(spark, scratch, until_idle=True, progress=None)
+    run_tables(spark, scratch, options=default_options(progress=None), until_idle=True)
     assert main(["refresh", "daily", "--project", str(project)]) == 0
     out = capsys.readouterr().out
     assert all(f"reset {t}: its next run rebuilds it" in out for t in ("daily", "per_k", "big"))
@@ -309,7 +311,8 @@ def test_dagster_partitions_backfill_and_full_refresh(spark, project):
     (mat,) = down.asset_materializations_for_node("per_k")
     assert mat.metadata["events_u"].value == 1
     defs.resolve_job_def("catch_up_joined").execute_in_process(instance=instance)
-    backfill(spark, project, "big", progress=None)  # it joined day 2's rows before the fix
+    # big joined day 2's rows before the fix
+    backfill(spark, project, "big", options=default_options(progress=None))
     check_like_scratch(spark, project)
 
     # Full refresh of daily: daily, per_k and big rebuilt from all input, one run.

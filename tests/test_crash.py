@@ -16,6 +16,7 @@ from pathlib import Path
 from deltalake import DeltaTable
 
 from octo_platform.runtime.runner import run_tables
+from octo_platform.wiring import default_options
 from tests.oracle import RandomInput, batch_result, current, norm, replay, write_lines
 
 SQL = """
@@ -59,7 +60,7 @@ def test_sigkill_at_random_moments_loses_and_doubles_nothing(spark, tmp_path):
     crashed, reference = tmp_path / "crashed", tmp_path / "reference"
     src = make_project(crashed, debezium=True)
     shutil.copytree(crashed, reference)
-    run_tables(spark, reference, until_idle=True, buckets=8, progress=None)
+    run_tables(spark, reference, options=default_options(buckets=8, progress=None), until_idle=True)
 
     rng = random.Random(7)
     env = {**os.environ, "PYSPARK_PYTHON": sys.executable}
@@ -119,7 +120,7 @@ def test_a_stalled_query_is_restarted_and_resumes_exactly_once(spark, tmp_path, 
 
     monkeypatch.setattr(runner._Query, "stalled", stalled)
     said: list[str] = []
-    run_tables(spark, tmp_path, until_idle=True, progress=said.append)
+    run_tables(spark, tmp_path, options=default_options(progress=said.append), until_idle=True)
     assert len(stalls) == 1 and any("restarting its streaming query" in m for m in said)
     sql = (tmp_path / "sql" / "t.sql").read_text()
     for table in TABLES:

@@ -15,6 +15,7 @@ from octo_platform.cli import main as octo
 from octo_platform.errors import RunError, SqlError
 from octo_platform.project import load_project
 from octo_platform.runtime.runner import run_tables
+from octo_platform.wiring import default_options
 from tests.oracle import batch_result, check_changelog, current, replay, write_lines
 
 TABLES = {
@@ -85,7 +86,8 @@ def test_join_and_read_follow_dimension_changes(spark, tmp_path, cdf):
     facts = Facts(tmp_path)
 
     def run(label: str) -> None:
-        assert run_tables(spark, tmp_path, until_idle=True, buckets=4, progress=None).batches
+        assert run_tables(spark, tmp_path, options=default_options(buckets=4, progress=None),
+                          until_idle=True).batches
         check_tables(spark, tmp_path, sql, {"facts": facts.rows, "dim": dim_relation(dim)},
                      TABLES, label)
 
@@ -131,21 +133,23 @@ def test_vacuumed_history_asks_for_a_reset(spark, tmp_path):
     tables = {"gold": TABLES["gold"]}
     sql = project_sql("connector = 'delta', path = 'dim'", tables)
     make_project(tmp_path, sql)
-    run_tables(spark, tmp_path, until_idle=True, buckets=4, progress=None)
+    run_tables(spark, tmp_path, options=default_options(buckets=4, progress=None), until_idle=True)
     dt = DeltaTable(str(dim))
     dt.update(updates={"Name": "'new'"}, predicate="K = 2")
     DeltaTable(str(dim)).vacuum(retention_hours=0, enforce_retention_duration=False,
                                 dry_run=False)
     with pytest.raises(RunError, match=r"vacuumed.*octo reset gold"):
-        run_tables(spark, tmp_path, until_idle=True, buckets=4, progress=None)
+        run_tables(spark, tmp_path, options=default_options(buckets=4, progress=None),
+                   until_idle=True)
     assert octo(["reset", "gold", "--project", str(tmp_path)]) == 0
-    run_tables(spark, tmp_path, until_idle=True, buckets=4, progress=None)
+    run_tables(spark, tmp_path, options=default_options(buckets=4, progress=None), until_idle=True)
     check_tables(spark, tmp_path, sql, {"facts": [], "dim": dim_relation(dim)}, tables,
                  "after reset")
     shutil.rmtree(dim)  # a new table at the same path: its versions start again
     write_deltalake(dim, dim_rows([1]))
     with pytest.raises(RunError, match=r"table was replaced.*octo reset gold"):
-        run_tables(spark, tmp_path, until_idle=True, buckets=4, progress=None)
+        run_tables(spark, tmp_path, options=default_options(buckets=4, progress=None),
+                   until_idle=True)
 
 
 def test_append_only_declaration_is_checked(spark, tmp_path):
@@ -155,27 +159,28 @@ def test_append_only_declaration_is_checked(spark, tmp_path):
     sql = project_sql("connector = 'delta', path = 'dim', mode = 'append-only'", tables)
     make_project(tmp_path, sql)
     assert load_project(tmp_path).table("gold").definition.plan.mode == "append-only"
-    run_tables(spark, tmp_path, until_idle=True, buckets=4, progress=None)
+    run_tables(spark, tmp_path, options=default_options(buckets=4, progress=None), until_idle=True)
     write_deltalake(dim, dim_rows([3, 4]), mode="append")
     DeltaTable(str(dim)).optimize.compact()
-    run_tables(spark, tmp_path, until_idle=True, buckets=4, progress=None)
+    run_tables(spark, tmp_path, options=default_options(buckets=4, progress=None), until_idle=True)
     check_tables(spark, tmp_path, sql, {"facts": [], "dim": dim_relation(dim)}, tables,
                  "appends")
     DeltaTable(str(dim)).delete("K = 1")
     with pytest.raises(RunError, match="declared mode = 'append-only'.*octo reset gold"):
-        run_tables(spark, tmp_path, until_idle=True, buckets=4, progress=None)
+        run_tables(spark, tmp_path, options=default_options(buckets=4, progress=None),
+                   until_idle=True)
 
 
 def test_missing_table_and_missing_column_are_clear(spark, tmp_path):
     write_deltalake(tmp_path / "dim", dim_rows([1]))
     make_project(tmp_path, project_sql("connector = 'delta', path = 'nope'"))
     with pytest.raises(RunError, match=r"source 'dim': no Delta table at .*nope"):
-        run_tables(spark, tmp_path, until_idle=True, progress=None)
+        run_tables(spark, tmp_path, options=default_options(progress=None), until_idle=True)
     sql = project_sql("connector = 'delta', path = 'dim'").replace("tier BIGINT",
                                                                    "tier BIGINT, colour STRING")
     make_project(tmp_path, sql)
     with pytest.raises(RunError) as err:
-        run_tables(spark, tmp_path, until_idle=True, progress=None)
+        run_tables(spark, tmp_path, options=default_options(progress=None), until_idle=True)
     msg = str(err.value)
     assert "source 'dim'" in msg and "colour" in msg and str(tmp_path / "dim") in msg
     assert "available: K, Name, tier, note" in msg

@@ -15,6 +15,7 @@ import pytest
 from octo_platform.project import load_project
 from octo_platform.runtime import inputs, pipeline
 from octo_platform.runtime.runner import run_tables
+from octo_platform.wiring import default_options
 from tests.oracle import RandomInput, check_tables, write_lines
 
 TABLES = {
@@ -79,7 +80,8 @@ def test_every_operator_matches_batch_sql(spark, tmp_path, monkeypatch, debezium
             write_lines(tmp_path / "data" / "src", f"r{round_no}-{f}.json",
                         src.lines(rng.randint(5, 25), bad=bad))
         write_lines(tmp_path / "data" / "src2", f"r{round_no}.json", src2.lines(rng.randint(0, 5)))
-        report = run_tables(spark, tmp_path, until_idle=True, buckets=4, progress=None)
+        report = run_tables(spark, tmp_path, options=default_options(buckets=4, progress=None),
+                            until_idle=True)
         assert report.batches, "every round has new input"
         relations = {"src": src.relation(), "src2": src2.relation()}
         check_tables(spark, tmp_path / "warehouse", sql, relations, keyed, round_no)

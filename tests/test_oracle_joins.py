@@ -12,6 +12,7 @@ import random
 
 from octo_platform.project import load_project
 from octo_platform.runtime.runner import run_tables
+from octo_platform.wiring import default_options
 from tests.oracle import RandomInput, check_tables, write_lines
 
 A = "a.id AS aid, b.id AS bid"
@@ -82,7 +83,8 @@ def test_joins_and_top_n_match_batch_sql(spark, tmp_path):
             for f in range(rng.randint(1, 2)):
                 write_lines(tmp_path / "data" / name, f"r{round_no}-{f}.json",
                             feed.lines(rng.randint(3, 12)))
-        report = run_tables(spark, tmp_path, until_idle=True, buckets=4, progress=None)
+        report = run_tables(spark, tmp_path, options=default_options(buckets=4, progress=None),
+                            until_idle=True)
         assert report.batches
         inputs = {name: feed.relation() for name, feed in feeds.items()}
         check_tables(spark, tmp_path / "warehouse", sql, inputs, keyed, round_no)

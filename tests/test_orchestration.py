@@ -10,6 +10,7 @@ import pytest
 from octo_platform.project import load_project
 from orchestration.definitions import REPO_ROOT, build_definitions, defs, resources_from_env
 from orchestration.resources import SparkResource, WarehouseResource
+from orchestration.translator import OctoTranslator
 from tests.oracle import RandomInput, batch_result, replay, write_lines
 
 TABLES = {"auction_stats", "bid_histogram", "hot_auctions", "channel_stats", "whale_bids",
@@ -108,6 +109,28 @@ def test_code_version_ignores_formatting_and_follows_the_query(tmp_path):
                            "    count(*) as n\n  from events group by k;")
     assert base != version("CREATE STREAMING TABLE t AS SELECT k, SUM(v) AS n FROM events "
                            "GROUP BY k;")
+
+
+def test_a_translator_subclass_names_every_asset_check_and_job(tmp_path):
+    class Prefixed(OctoTranslator):
+        def get_asset_key(self, name: str) -> dg.AssetKey:
+            return dg.AssetKey(["streaming", name])
+
+        def get_group_name(self, folder: str) -> str:
+            return f"octo_{super().get_group_name(folder)}"
+
+    (tmp_path / "sql").mkdir()
+    (tmp_path / "sql" / "all.sql").write_text(CHAIN_SOURCE + PER_KEY)
+    definitions = build_definitions(tmp_path, translator=Prefixed())
+    dg.Definitions.validate_loadable(definitions)
+    graph = definitions.resolve_asset_graph()
+    key = dg.AssetKey(["streaming", "per_key"])
+    assert graph.get_all_asset_keys() == {key, dg.AssetKey(["streaming", "events"])}
+    assert graph.get(key).group_name == "octo_default"
+    assert graph.get(key).parent_keys == {dg.AssetKey(["streaming", "events"])}
+    assert {c.asset_key for c in graph.asset_check_keys} == {key}
+    job = definitions.resolve_job_def("catch_up_octo_default")
+    assert job.asset_layer.executable_asset_keys == {key}
 
 
 def test_resources_are_chosen_from_the_environment(tmp_path):
@@ -210,7 +233,9 @@ def test_materialize_chain_twice_processes_only_new_input(spark, chain: Path):
 
     # input waiting for a table shows as its backlog until a run processes it
     from octo_platform.runtime.status import table_status
+    from octo_platform.wiring import default_options
 
     write_lines(chain / "data" / "events", "f4.json", data.lines(5))
-    status = table_status(load_project(chain), "per_key", warehouse=str(warehouse))
+    status = table_status(load_project(chain), "per_key",
+                          options=default_options(warehouse=str(warehouse)))
     assert status.backlog == {"source:events": 1} and status.last_batch == 1

@@ -25,6 +25,7 @@ from octo_platform.errors import PlanError, RunError
 from octo_platform.project import load_project
 from octo_platform.runtime import pipeline, runner
 from octo_platform.runtime.runner import run_tables, transient
+from octo_platform.wiring import default_options
 from tests import test_crash
 from tests.oracle import RandomInput, check_tables, write_lines
 
@@ -167,7 +168,7 @@ def test_retries_are_bounded_and_the_projects_errors_are_not_retried(spark, tmp_
     monkeypatch.setattr(pipeline.Pipeline, "run_batch", flaky)
     said: list[str] = []
     with pytest.raises(RunError) as err:
-        run_tables(spark, tmp_path, names=["per_k"], progress=said.append)
+        run_tables(spark, tmp_path, options=default_options(progress=said.append), names=["per_k"])
     assert calls == [0] * runner.BATCH_ATTEMPTS
     assert "'per_k'" in str(err.value) and f"{runner.BATCH_ATTEMPTS} times" in str(err.value)
     assert "OSError: disk went away" in str(err.value)
@@ -184,7 +185,7 @@ def test_retries_are_bounded_and_the_projects_errors_are_not_retried(spark, tmp_
     said.clear()
     monkeypatch.setattr(pipeline.Pipeline, "run_batch", wrong)
     with pytest.raises(RunError, match="batch 0 follows 7"):
-        run_tables(spark, tmp_path, names=["per_k"], progress=said.append)
+        run_tables(spark, tmp_path, options=default_options(progress=said.append), names=["per_k"])
     assert calls == [0] and not [m for m in said if "retrying" in m or "restarting" in m]
 
     starts: list[int] = []
@@ -195,7 +196,7 @@ def test_retries_are_bounded_and_the_projects_errors_are_not_retried(spark, tmp_
 
     monkeypatch.setattr(runner._Query, "start", no_start)
     with pytest.raises(RunError) as err:
-        run_tables(spark, tmp_path, names=["per_k"], progress=said.append)
+        run_tables(spark, tmp_path, options=default_options(progress=said.append), names=["per_k"])
     assert len(starts) == runner.QUERY_RESTARTS + 1
     assert "'per_k'" in str(err.value)
     assert f"restarted {runner.QUERY_RESTARTS} times" in str(err.value)
@@ -226,7 +227,8 @@ def test_an_oracle_run_on_a_saturated_cpu_is_exactly_once(spark, tmp_path, cpu_h
     finishes and every changelog is exactly once."""
     src, sql = make_project(tmp_path, 3, seed=11, sql=LOAD_SQL)
     started = time.monotonic()
-    report = run_tables(spark, tmp_path, until_idle=True, buckets=4, progress=None)
+    report = run_tables(spark, tmp_path, options=default_options(buckets=4, progress=None),
+                        until_idle=True)
     assert all(p.poll() is None for p in cpu_hogs), "the CPU stayed saturated"
     check(spark, tmp_path, src, sql, tables=("per_k", "big_v", "histogram"))
     assert batch_ids(tmp_path, "per_k") == batch_ids(tmp_path, "big_v") == [0, 1, 2]
@@ -254,7 +256,8 @@ def test_killed_python_workers_are_replaced_and_the_run_is_exactly_once(spark, t
             killed.extend(kill_spark_pythons())
 
     try:
-        report = run_tables(spark, tmp_path, until_idle=True, buckets=4, progress=progress)
+        report = run_tables(spark, tmp_path, options=default_options(buckets=4, progress=progress),
+                            until_idle=True)
     finally:
         heal(spark)
     assert RUNNER_MODULE in killed, f"the fault must fire: killed {killed}"
@@ -297,8 +300,8 @@ def test_a_batch_whose_spark_job_fails_is_retried_in_its_handler(spark, tmp_path
     thread = threading.Thread(target=saboteur, daemon=True)
     thread.start()
     try:
-        report = run_tables(spark, tmp_path, names=["per_k"], until_idle=True, buckets=4,
-                            progress=progress)
+        report = run_tables(spark, tmp_path, options=default_options(buckets=4, progress=progress),
+                            names=["per_k"], until_idle=True)
     finally:
         finished.set()
         thread.join()
@@ -341,8 +344,9 @@ def test_a_continuous_run_replaces_a_query_whose_source_runner_died(spark, tmp_p
         if line.startswith("[per_k] batch 2:"):
             done.set()
 
-    report = run_tables(spark, tmp_path, names=["per_k"], until_idle=False, buckets=4,
-                        deadline=_Deadline(time.time() + 300, done), progress=progress)
+    report = run_tables(spark, tmp_path, options=default_options(buckets=4, progress=progress),
+                        names=["per_k"], until_idle=False,
+                        deadline=_Deadline(time.time() + 300, done))
     assert done.is_set(), "the run ended at the deadline, not after the last batch"
     assert RUNNER_MODULE in killed, "the fault must fire"
     assert any(m.startswith("[per_k] streaming query failed") for m in report.retries), \

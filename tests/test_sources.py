@@ -9,6 +9,7 @@ import pyarrow.parquet as pq
 from deltalake import DeltaTable
 
 from octo_platform.runtime.runner import run_tables
+from octo_platform.wiring import default_options
 from tests.oracle import current
 
 SQL = """
@@ -56,7 +57,7 @@ def test_formats_and_dead_letters(spark, tmp_path):
     ]
     (tmp_path / "data/d/1.json").write_text("\n".join(json.dumps(e) for e in events) + "\n")
 
-    report = run_tables(spark, tmp_path, until_idle=True, progress=None)
+    report = run_tables(spark, tmp_path, options=default_options(progress=None), until_idle=True)
     assert report.dead_letters == 2 + 2 + 1 + 3 + 3  # j, c, p, d; d feeds two tables
 
     got = current(tmp_path / "warehouse", "all_rows")

@@ -12,7 +12,7 @@ from octo_platform.project import load_project
 from octo_platform.runtime import state_log
 from octo_platform.runtime.offsets import BatchLog
 from octo_platform.runtime.runner import run_tables
-from octo_platform.wiring import default_environment
+from octo_platform.wiring import default_environment, default_options
 from tests.oracle import RandomInput, check_tables, write_lines
 
 SQL = """
@@ -41,7 +41,7 @@ def test_compaction_keeps_results_exact(spark, tmp_path, monkeypatch):
     for round_no in range(2):
         for f in range(4):
             write_lines(tmp_path / "data" / "src", f"r{round_no}-{f}.json", src.lines(12))
-        report = run_tables(spark, tmp_path, buckets=2, progress=None)
+        report = run_tables(spark, tmp_path, options=default_options(buckets=2, progress=None))
         assert len(report.for_table("per_g")) == 4, "one batch per file"
         check_tables(spark, tmp_path / "warehouse", sql, {"src": src.relation()}, keyed,
                      round_no)
@@ -59,7 +59,7 @@ def test_state_of_another_layout_is_refused(spark, tmp_path):
         "CREATE SOURCE s (k BIGINT) WITH (connector = 'files', path = 'data', format = 'json');"
         "CREATE STREAMING TABLE c AS SELECT k, COUNT(*) AS n FROM s GROUP BY k;")
     write_lines(tmp_path / "data", "a.json", ['{"k": 1}'])
-    run_tables(spark, tmp_path, progress=None)
+    run_tables(spark, tmp_path, options=default_options(progress=None))
     # A batch committed by an octo whose commit records carry no state format (layout 1).
     log = BatchLog(default_environment().store, str(tmp_path / "warehouse/_octo/c/log"))
     old = dict(log.commit_payload(0))
@@ -67,4 +67,4 @@ def test_state_of_another_layout_is_refused(spark, tmp_path):
     log.append(1, "commit", old, 0)
     write_lines(tmp_path / "data", "b.json", ['{"k": 2}'])
     with pytest.raises(RunError, match=r"state format 1.*octo reset c"):
-        run_tables(spark, tmp_path, progress=None)
+        run_tables(spark, tmp_path, options=default_options(progress=None))

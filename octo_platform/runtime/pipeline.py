@@ -16,36 +16,23 @@ from typing import TYPE_CHECKING, Any, Callable
 
 from octo_platform.errors import RunError
 from octo_platform.project import CompiledTable, Project
+from octo_platform.runtime.environment import Environment
 from octo_platform.runtime.inputs import input_specs, read_inputs, settle_inputs
 from octo_platform.runtime.layout import Layout
 from octo_platform.runtime.metrics import JobCounter
-from octo_platform.runtime.offsets import BatchLog, Store, source_key
+from octo_platform.runtime.offsets import BatchLog, source_key
 from octo_platform.runtime.operators import BatchContext, evaluate
 from octo_platform.runtime.publish import RECOMPUTED, publish_recomputed
 from octo_platform.runtime.sink import encode, update_current, write_batch, write_dead_letters
 from octo_platform.runtime.state_log import STATE_FORMAT
 
 if TYPE_CHECKING:
-    from pyspark.sql import DataFrame, SparkSession
+    from pyspark.sql import SparkSession
 
-__all__ = ["Environment", "BatchStats", "Pipeline", "DEFAULT_BUCKETS"]
+__all__ = ["BatchStats", "Pipeline", "DEFAULT_BUCKETS"]
 
 DEFAULT_BUCKETS = 8
 MAINTENANCE_EVERY = 25  # batches between vacuuming state and compacting the batch log
-
-
-@dataclass(frozen=True)
-class Environment:
-    """The pluggable edges: Delta IO and connectors (wired in ``octo_platform.wiring``)."""
-
-    store: Store
-    list_files: Callable[[str], list[str]]
-    read_files: Callable[..., Any]
-    file_source: Callable[..., Any]
-    delta_source: Callable[..., Any]
-    decode_changelog: Callable[[DataFrame, tuple[str, ...]], DataFrame]
-    encode_changelog: Callable[..., DataFrame]
-    encode_keyed: Callable[..., DataFrame]
 
 
 @dataclass

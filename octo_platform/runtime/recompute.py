@@ -28,20 +28,16 @@ import time
 from dataclasses import dataclass, field
 from datetime import datetime
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Callable
+from typing import TYPE_CHECKING, Any, Callable, Collection
 
 from octo_platform.errors import RunError
 from octo_platform.project import Project, load_project
 from octo_platform.runtime.layout import Layout, ScratchLayout
-from octo_platform.runtime.pipeline import DEFAULT_BUCKETS, BatchStats, Environment, Pipeline
+from octo_platform.runtime.environment import Environment
+from octo_platform.runtime.options import RunOptions, resolve_warehouse
+from octo_platform.runtime.pipeline import BatchStats, Pipeline
 from octo_platform.runtime.publish import RECOMPUTED, recompute_diff
-from octo_platform.runtime.runner import (
-    RunReport,
-    lock_tables,
-    open_project,
-    resolve_warehouse,
-    run_tables,
-)
+from octo_platform.runtime.runner import RunReport, lock_tables, open_project, run_tables
 
 if TYPE_CHECKING:
     from pyspark.sql import SparkSession
@@ -67,12 +63,8 @@ def backfill(
     project: str | Path | Project,
     name: str,
     *,
+    options: RunOptions,
     window: tuple[datetime, datetime] | None = None,
-    warehouse: str | None = None,
-    env: Environment | None = None,
-    storage_options: dict[str, str] | None = None,
-    buckets: int = DEFAULT_BUCKETS,
-    progress: Callable[[str], None] | None = print,
 ) -> BackfillReport:
     """Recompute ``name`` from the history it has read; publish the difference (inside
     ``window`` when given: ``[start, end)`` of its event-time column). See module docstring.
@@ -81,7 +73,8 @@ def backfill(
     the current query, so a change whose effect lies inside ``window`` is backfilled.
     """
     started = time.monotonic()
-    proj, layout, env = open_project(project, warehouse, env, storage_options)
+    proj, layout = open_project(project, options)
+    env, buckets, progress = options.env, options.buckets, options.progress
     table = proj.table(name)
     part = table.definition.partitioning
     if window is not None and part is None:
@@ -130,27 +123,26 @@ def refresh(
     project: str | Path | Project,
     names: list[str],
     *,
-    warehouse: str | None = None,
-    env: Environment | None = None,
-    storage_options: dict[str, str] | None = None,
-    buckets: int = DEFAULT_BUCKETS,
-    progress: Callable[[str], None] | None = print,
+    options: RunOptions,
 ) -> RunReport:
     """Full refresh: reset ``names`` and every table downstream of them, then run them all
     until idle (upstream first)."""
     proj = project if isinstance(project, Project) else load_project(project)
     affected = downstream_of(proj, names)
-    reset_tables(proj, affected, warehouse=warehouse, progress=progress)
-    return run_tables(spark, proj, warehouse=warehouse, names=affected, until_idle=True,
-                      env=env, storage_options=storage_options, buckets=buckets,
-                      progress=progress)
+    reset_tables(proj, affected, warehouse=options.warehouse, progress=options.progress)
+    return run_tables(spark, proj, options=options, names=affected, until_idle=True)
 
 
-def downstream_of(project: Project, names: list[str]) -> list[str]:
-    """``names`` and every streaming table that reads them, directly or not, in run order."""
-    wanted = {project.table(n).name.lower() for n in names}
+def downstream_of(project: Project, names: list[str], *,
+                  skip: Collection[str] = ()) -> list[str]:
+    """``names`` and every streaming table that reads them, directly or not, in run order;
+    a table in ``skip`` is left out and the walk does not go on through it."""
+    skipped = {n.lower() for n in skip}
+    wanted = {project.table(n).name.lower() for n in names} - skipped
     out = []
     for t in project.order():
+        if t.name.lower() in skipped:
+            continue
         if t.name.lower() in wanted or {d.lower() for d in t.definition.deps} & wanted:
             wanted.add(t.name.lower())
             out.append(t.name)

@@ -34,19 +34,15 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Callable, Iterator
 
 from octo_platform.errors import OctoError, RunError
-from octo_platform.project import DEFAULT_WAREHOUSE, Project, load_project
-from octo_platform.runtime.pipeline import (
-    DEFAULT_BUCKETS,
-    BatchStats,
-    Environment,
-    Layout,
-    Pipeline,
-)
+from octo_platform.project import Project, load_project
+from octo_platform.runtime.layout import Layout
+from octo_platform.runtime.options import RunOptions
+from octo_platform.runtime.pipeline import BatchStats, Pipeline
 
 if TYPE_CHECKING:
     from pyspark.sql import DataFrame, SparkSession
 
-__all__ = ["run_tables", "RunReport", "resolve_warehouse", "lock_tables", "open_project"]
+__all__ = ["run_tables", "RunReport", "lock_tables", "open_project"]
 
 
 @dataclass
@@ -62,25 +58,10 @@ class RunReport:
         return sum(b.dead_letters for b in self.batches)
 
 
-def resolve_warehouse(project_root: Path, warehouse: str | None) -> str:
-    if warehouse is None:
-        return str(project_root / DEFAULT_WAREHOUSE)
-    if "://" in warehouse:
-        return warehouse.rstrip("/")
-    return str(Path(warehouse).resolve())
-
-
-def open_project(project: str | Path | Project, warehouse: str | None,
-                 env: Environment | None, storage_options: dict[str, str] | None
-                 ) -> tuple[Project, Layout, Environment]:
-    """The project (loaded unless given), its warehouse layout and the environment (the
-    default wiring unless given)."""
-    if env is None:
-        from octo_platform.wiring import default_environment
-
-        env = default_environment(storage_options)
+def open_project(project: str | Path | Project, options: RunOptions) -> tuple[Project, Layout]:
+    """The project (loaded unless given) and its warehouse layout."""
     proj = project if isinstance(project, Project) else load_project(project)
-    return proj, Layout(resolve_warehouse(proj.root, warehouse)), env
+    return proj, options.layout(proj.root)
 
 
 class _Lock:
@@ -123,13 +104,11 @@ class _Query:
     """
 
     def __init__(self, spark: SparkSession, new_pipeline: Callable[[], Pipeline],
-                 report: RunReport, *, storage_options: dict[str, str] | None,
-                 progress: Callable[[str], None] | None) -> None:
+                 report: RunReport, *, progress: Callable[[str], None] | None) -> None:
         self.spark = spark
         self.new_pipeline = new_pipeline
         self.pipeline = new_pipeline()
         self.report = report
-        self.storage_options = storage_options
         self.progress = progress
         self.stopping = False
         self.wake = threading.Event()  # set by stop(): ends a retry's backoff early
@@ -203,6 +182,8 @@ class _Query:
 
         A replacement gets a fresh pipeline, and batches its predecessor's query may still
         hand over are ignored."""
+        from octo_platform.runtime.batches import environment_option
+
         with self.busy:  # no batch of a previous query in flight
             self.generation += 1
             if self.generation > 1:
@@ -213,7 +194,7 @@ class _Query:
         reader = (self.spark.readStream.format("octo_batches")
                   .option("inputs", json.dumps([s.to_json() for s in p.inputs]))
                   .option("log", p.layout.log(p.name))
-                  .option("storage_options", json.dumps(self.storage_options or {}))
+                  .option("environment", environment_option(p.env))
                   .load())
         writer = (reader.writeStream
                   .foreachBatch(lambda df, _spark_batch: self.handle(df, generation))
@@ -406,44 +387,40 @@ def run_tables(
     spark: SparkSession,
     project: str | Path | Project,
     *,
-    warehouse: str | None = None,
+    options: RunOptions,
     names: list[str] | None = None,
     until_idle: bool = True,
-    env: Environment | None = None,
-    storage_options: dict[str, str] | None = None,
-    buckets: int = DEFAULT_BUCKETS,
     deadline: float | None = None,
     interval: str = "1 second",
-    progress: Callable[[str], None] | None = print,
     parallel: int = DEFAULT_PARALLEL,
 ) -> RunReport:
-    """Run the named streaming tables (all when ``names`` is None); see module docstring.
+    """Run the named streaming tables (all when ``names`` is None) with the environment and
+    warehouse of ``options``; see module docstring.
 
     ``deadline`` (a ``time.time()`` value) ends a continuous run cleanly; ``parallel`` caps
     how many catch-up queries run at once.
     """
-    proj, layout, env = open_project(project, warehouse, env, storage_options)
+    proj, layout = open_project(project, options)
     tables = proj.order(names)
     os.makedirs(layout.warehouse, exist_ok=True) if "://" not in layout.warehouse else None
     _register(spark)
     report = RunReport()
     with lock_tables(layout, [t.name for t in tables]):
-        queries = [_Query(spark, _pipeline_factory(spark, proj, t, layout, env, buckets=buckets,
-                                                   progress=progress),
-                          report, storage_options=storage_options, progress=progress)
+        queries = [_Query(spark, _pipeline_factory(spark, proj, t, layout, options), report,
+                          progress=options.progress)
                    for t in tables]
         if until_idle:
             _catch_up(queries, parallel)
         else:
-            _run_continuously(queries, interval, deadline, progress)
+            _run_continuously(queries, interval, deadline, options.progress)
     return report
 
 
 def _pipeline_factory(spark: SparkSession, proj: Project, table, layout: Layout,
-                      env: Environment, *, buckets: int,
-                      progress: Callable[[str], None] | None) -> Callable[[], Pipeline]:
+                      options: RunOptions) -> Callable[[], Pipeline]:
     """Builds ``table``'s pipeline from what is on disk (its batch log, checked plan)."""
-    return lambda: Pipeline(spark, proj, table, layout, env, buckets=buckets, progress=progress)
+    return lambda: Pipeline(spark, proj, table, layout, options.env, buckets=options.buckets,
+                            progress=options.progress)
 
 
 def _catch_up(queries: list[_Query], parallel: int) -> None:

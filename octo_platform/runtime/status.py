@@ -12,10 +12,8 @@ from typing import TYPE_CHECKING
 from octo_platform.columns import BUCKET
 from octo_platform.project import Project
 from octo_platform.runtime.inputs import input_specs
-from octo_platform.runtime.layout import Layout
 from octo_platform.runtime.offsets import BatchLog, available
-from octo_platform.runtime.pipeline import Environment
-from octo_platform.runtime.runner import resolve_warehouse
+from octo_platform.runtime.options import RunOptions
 
 if TYPE_CHECKING:
     import pyarrow as pa
@@ -51,19 +49,14 @@ class TableStatus:
         return sum(self.state_rows.values())
 
 
-def table_status(project: Project, name: str, *, warehouse: str | None = None,
-                 env: Environment | None = None) -> TableStatus:
-    """Status of streaming table ``name`` in ``warehouse`` (default ``<project>/warehouse``)."""
-    if env is None:
-        from octo_platform.wiring import default_environment
-
-        env = default_environment()
+def table_status(project: Project, name: str, *, options: RunOptions) -> TableStatus:
+    """Status of streaming table ``name`` in the warehouse of ``options``."""
     table = project.table(name)
-    layout = Layout(resolve_warehouse(project.root, warehouse))
-    store, tname = env.store, table.name
+    layout = options.layout(project.root)
+    store, tname = options.env.store, table.name
     log = BatchLog(store, layout.log(tname))
     specs = input_specs(project, table, layout)
-    visible = available(specs, store=store, list_files=env.list_files)
+    visible = available(specs, store=store, list_files=options.env.list_files)
     backlog: dict[str, int] = {}
     for spec in specs:
         if spec.kind == "files":
@@ -89,15 +82,10 @@ def table_status(project: Project, name: str, *, warehouse: str | None = None,
     )
 
 
-def current_schema(project: Project, name: str, *, warehouse: str | None = None,
-                   env: Environment | None = None) -> pa.Schema | None:
+def current_schema(project: Project, name: str, *, options: RunOptions) -> pa.Schema | None:
     """Arrow schema of the table's current-state snapshot (its result columns), if written."""
-    if env is None:
-        from octo_platform.wiring import default_environment
-
-        env = default_environment()
-    layout = Layout(resolve_warehouse(project.root, warehouse))
-    schema = env.store.arrow_schema(layout.current(project.table(name).name))
+    layout = options.layout(project.root)
+    schema = options.env.store.arrow_schema(layout.current(project.table(name).name))
     if schema is None:
         return None
     return schema.remove(schema.get_field_index(BUCKET)) if BUCKET in schema.names else schema

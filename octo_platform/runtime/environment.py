@@ -1,0 +1,36 @@
+"""The runtime's ports: the edges (Delta IO, connectors) it is handed, never picks.
+
+``octo_platform.wiring`` builds an ``Environment``; the CLI, the demo, ``orchestration/`` and
+the benchmarks pass it in (inside ``RunOptions``, ``runtime/options.py``).
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any, Callable
+
+from octo_platform.runtime.offsets import Store
+
+if TYPE_CHECKING:
+    from pyspark.sql import DataFrame
+
+__all__ = ["Environment"]
+
+
+@dataclass(frozen=True)
+class Environment:
+    """The pluggable edges: Delta IO and connectors (wired in ``octo_platform.wiring``).
+
+    ``rebuild`` builds the same environment again in another process: Spark's Python source
+    runner gets it pickled (``runtime/batches.py``), so it must be picklable (a module-level
+    function, or a ``functools.partial`` of one).
+    """
+
+    store: Store
+    list_files: Callable[[str], list[str]]
+    read_files: Callable[..., Any]
+    file_source: Callable[..., Any]
+    delta_source: Callable[..., Any]
+    decode_changelog: Callable[[DataFrame, tuple[str, ...]], DataFrame]
+    encode_changelog: Callable[..., DataFrame]
+    encode_keyed: Callable[..., DataFrame]
+    rebuild: Callable[[], Environment]

@@ -1,0 +1,46 @@
+"""What every entry point of the runtime is told: the environment, the warehouse, the state
+buckets and where progress lines go (``run_tables``, ``backfill``, ``refresh``,
+``table_status``).
+
+Build one with ``octo_platform.wiring.default_options`` (the default edges) or directly from
+an ``Environment`` of your own.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Callable
+
+from octo_platform.project import DEFAULT_WAREHOUSE
+from octo_platform.runtime.environment import Environment
+from octo_platform.runtime.layout import Layout
+from octo_platform.runtime.pipeline import DEFAULT_BUCKETS
+
+__all__ = ["RunOptions", "resolve_warehouse"]
+
+
+@dataclass(frozen=True)
+class RunOptions:
+    """The environment and settings shared by the runtime's entry points.
+
+    ``warehouse``: directory or URI (default ``<project>/warehouse``); ``buckets``: state
+    partitions of a new table; ``progress``: receives one line per batch (None: quiet).
+    """
+
+    env: Environment
+    warehouse: str | None = None
+    buckets: int = DEFAULT_BUCKETS
+    progress: Callable[[str], None] | None = print
+
+    def layout(self, project_root: Path) -> Layout:
+        """Where the tables of the project at ``project_root`` live."""
+        return Layout(resolve_warehouse(project_root, self.warehouse))
+
+
+def resolve_warehouse(project_root: Path, warehouse: str | None) -> str:
+    """The warehouse as an absolute path or a URI (default ``<project>/warehouse``)."""
+    if warehouse is None:
+        return str(project_root / DEFAULT_WAREHOUSE)
+    if "://" in warehouse:
+        return warehouse.rstrip("/")
+    return str(Path(warehouse).resolve())
