@@ -19,7 +19,7 @@ from octo_platform.sqltext import quote
 if TYPE_CHECKING:
     from pyspark.sql import DataFrame, SparkSession
 
-__all__ = ["FileSource", "Parsed", "list_files", "read_files"]
+__all__ = ["FileSource", "Parsed", "list_files", "read_files", "parse_json"]
 
 
 @dataclass(frozen=True)
@@ -84,8 +84,16 @@ def _weighted(df: DataFrame, source: FileSource) -> DataFrame:
 def _json_lines(spark: SparkSession, source: FileSource, files: list[str]) -> Parsed:
     from pyspark.sql import functions as F
 
-    lines = (spark.read.text(files).select("value", F.col("_metadata.file_path").alias("file"))
-             .filter(F.trim("value") != ""))
+    return parse_json(spark.read.text(files).select(
+        "value", F.col("_metadata.file_path").alias("file")), source)
+
+
+def parse_json(lines: DataFrame, source: FileSource) -> Parsed:
+    """Records of ``lines`` (``value``: one JSON document, ``file``: where it comes from)
+    in ``source``'s format (``json`` or ``debezium-json``); blank values are skipped."""
+    from pyspark.sql import functions as F
+
+    lines = lines.filter(F.trim("value") != "")
     row = "struct<" + ", ".join(f"{quote(c)}: {t}" for c, t in zip(source.columns,
                                                                   source.types)) + ">"
     if source.format == "debezium-json":

@@ -54,6 +54,10 @@ class Project:
         return self.catalog.sources[name.lower()]
 
     def source_path(self, source: SourceDef) -> str:
+        """Where a source reads: its path resolved against the project (a Kafka source:
+        ``kafka://<bootstrap servers>/<topic>``)."""
+        if source.connector == "kafka":
+            return f"kafka://{source.options['bootstrap_servers']}/{source.options['topic']}"
         if "://" in source.options["path"]:  # a URI (s3://..., file://...) stays as written
             return source.options["path"]
         path = Path(source.options["path"])

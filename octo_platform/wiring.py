@@ -17,7 +17,7 @@ __all__ = ["default_environment", "default_options"]
 
 def default_environment(storage_options: dict[str, str] | None = None) -> Environment:
     """delta-rs (with ``storage_options`` for object stores) and the built-in connectors."""
-    from connectors import debezium, delta_table, files
+    from connectors import debezium, delta_table, files, kafka
     from state.delta import DeltaStore
 
     store = DeltaStore(storage_options)
@@ -39,6 +39,9 @@ def default_environment(storage_options: dict[str, str] | None = None) -> Enviro
         decode_changelog=debezium.decode,
         encode_changelog=debezium.encode,
         encode_keyed=debezium.encode_keyed,
+        kafka_source=kafka.KafkaSource.from_options,
+        kafka_watermarks=kafka.watermarks,
+        read_kafka=kafka.read,
         rebuild=functools.partial(default_environment, storage_options),
     )
 

@@ -48,7 +48,7 @@ def project_assets(project: Project, translator: OctoTranslator
 def source_spec(project: Project, name: str, translator: OctoTranslator) -> dg.AssetSpec:
     """The external asset of one ``CREATE SOURCE`` (grouped by the folder of its file)."""
     s = project.source(name)
-    kinds = {"delta"} if s.connector == "delta" else {s.format.split("-")[-1]}
+    kinds = {s.connector} if s.connector in ("delta", "kafka") else {s.format.split("-")[-1]}
     return dg.AssetSpec(
         key=translator.get_asset_key(s.name),
         group_name=translator.get_source_group_name(project, s.name),

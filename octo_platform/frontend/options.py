@@ -14,8 +14,12 @@ from octo_platform.partitions import GRANULARITIES, Partitioning, parse_time
 __all__ = ["FORMATS", "CONNECTORS", "TABLE_OPTIONS", "source_def", "table_options"]
 
 FORMATS = ("json", "csv", "parquet", "debezium-json")
-CONNECTORS = ("files", "delta")
+CONNECTORS = ("files", "delta", "kafka")
 DELTA_OPTIONS = ("connector", "path", "primary_key", "mode")
+KAFKA_FORMATS = ("json", "debezium-json")
+KAFKA_OPTIONS = ("connector", "bootstrap_servers", "topic", "format", "primary_key", "startup",
+                 "max_records_per_batch", "on_data_loss")  # and kafka.<librdkafka property>
+KAFKA_CHOICES = {"startup": ("earliest", "latest"), "on_data_loss": ("fail", "skip")}
 MODES = ("updating", "append-only")
 TABLE_OPTIONS = ("primary_key", "partition_by", "partitions", "partition_start")
 
@@ -28,10 +32,12 @@ def source_def(stmt: SourceStmt) -> SourceDef:
     if connector not in CONNECTORS:
         raise SqlError(f"{what}: connector must be one of {', '.join(CONNECTORS)}"
                        f" (got {connector!r})", stmt.location("connector"))
-    if "path" not in opts:
-        raise SqlError(f"{what}: option 'path' is required", stmt.location())
     mode: Mode
-    if connector == "delta":  # an existing Delta table: its rows may be updated and deleted
+    if connector == "kafka":
+        mode = _kafka_options(stmt, what)
+    elif "path" not in opts:
+        raise SqlError(f"{what}: option 'path' is required", stmt.location())
+    elif connector == "delta":  # an existing Delta table: its rows may be updated and deleted
         for key in opts:
             if key not in DELTA_OPTIONS:
                 raise SqlError(f"{what}: option {key!r} does not apply to connector 'delta' "
@@ -51,6 +57,33 @@ def source_def(stmt: SourceStmt) -> SourceDef:
     pk = _key_option(stmt, columns, what)
     return SourceDef(stmt.name, columns, tuple(t for _, t in stmt.columns), dict(opts), mode,
                      pk, stmt.file.path)
+
+
+def _kafka_options(stmt: SourceStmt, what: str) -> Mode:
+    """Checks of a Kafka source's options; its changelog mode."""
+    opts = stmt.options
+    for key in opts:
+        if key not in KAFKA_OPTIONS and not (key.startswith("kafka.") and len(key) > 6):
+            raise SqlError(f"{what}: option {key!r} does not apply to connector 'kafka' (its "
+                           f"options: {', '.join(KAFKA_OPTIONS)}, kafka.<librdkafka property>)",
+                           stmt.location(key))
+    for key in ("bootstrap_servers", "topic"):
+        if not opts.get(key, "").strip():
+            raise SqlError(f"{what}: option {key!r} is required for connector 'kafka'",
+                           stmt.location(key) if key in opts else stmt.location())
+    fmt = opts.get("format", "")
+    if fmt not in KAFKA_FORMATS:
+        raise SqlError(f"{what}: format must be one of {', '.join(KAFKA_FORMATS)} for "
+                       f"connector 'kafka' (got {fmt!r})", stmt.location("format"))
+    for key, choices in KAFKA_CHOICES.items():
+        if key in opts and opts[key] not in choices:
+            raise SqlError(f"{what}: option {key!r} must be one of {', '.join(choices)} "
+                           f"(got {opts[key]!r})", stmt.location(key))
+    limit = opts.get("max_records_per_batch")
+    if limit is not None and not (limit.isdigit() and int(limit) > 0):
+        raise SqlError(f"{what}: option 'max_records_per_batch' must be a positive integer "
+                       f"(got {limit!r})", stmt.location("max_records_per_batch"))
+    return "updating" if fmt == "debezium-json" else "append-only"
 
 
 def table_options(stmt: TableStmt, columns: tuple[str, ...]

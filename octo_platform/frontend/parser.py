@@ -206,6 +206,8 @@ class _Cursor:
                 self.i += 1
                 return opts, offsets
             key = self.name("an option name").lower()
+            while self.take("."):  # a dotted name: kafka.security.protocol
+                key += "." + self.name("an option name after '.'").lower()
             if not self.take("="):
                 raise self.error(f"expected '=' after option {key!r}")
             val = self.peek()

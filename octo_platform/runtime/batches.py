@@ -61,7 +61,7 @@ class _Reader(SimpleDataSourceStreamReader, SupportsTriggerAvailableNow):
     def __init__(self, options: dict[str, str]) -> None:
         from octo_platform.runtime.offsets import InputSpec
 
-        self.specs = tuple(InputSpec(**s) for s in json.loads(options["inputs"]))
+        self.specs = tuple(InputSpec.from_json(s) for s in json.loads(options["inputs"]))
         self.log_path = options["log"]
         self.environment = options.get("environment")
         self._env: Environment | None = None
@@ -87,14 +87,13 @@ class _Reader(SimpleDataSourceStreamReader, SupportsTriggerAvailableNow):
     def prepareForTriggerAvailableNow(self) -> None:
         from octo_platform.runtime.offsets import available
 
-        self.target = available(self.specs, store=self.env.store, list_files=self.env.list_files)
+        self.target = available(self.specs, env=self.env)
 
     def read(self, start: dict) -> tuple[Iterator[tuple[str]], dict]:
         """The next batch after ``start`` as one row, and its offset (``start`` if none)."""
         from octo_platform.runtime.offsets import next_inputs
 
-        nxt = next_inputs(self.specs, self._log(), store=self.env.store,
-                          list_files=self.env.list_files, target=self.target)
+        nxt = next_inputs(self.specs, self._log(), env=self.env, target=self.target)
         if nxt is None or nxt[0] <= int(start["batch"]):
             return iter(()), start
         end = {"batch": nxt[0], "inputs": nxt[1]}

