@@ -61,7 +61,7 @@ class OctoTranslator:
         s = project.source(name)
         cols = ",\n".join(f"    {c} {t}" for c, t in zip(s.columns, s.types))
         return _description(project, s.file,
-                            f"CREATE SOURCE {s.name} (\n{cols}\n){_with(s.options)}")
+                            f"CREATE SOURCE {s.name} (\n{cols}\n){_with(s.shown_options)}")
 
     def get_table_description(self, project: Project, table: CompiledTable) -> str:
         d = table.definition
@@ -83,7 +83,7 @@ class OctoTranslator:
         }
         if s.format:
             meta["format"] = s.format
-        extra = {k: v for k, v in s.options.items()
+        extra = {k: v for k, v in s.shown_options.items()
                  if k not in ("connector", "path", "format", "primary_key", "mode")}
         if extra:
             meta["options"] = extra

@@ -104,7 +104,59 @@ def test_missing_topic_fails_with_the_source_named(spark, tmp_path, monkeypatch)
             f"CREATE SOURCE s (id BIGINT) WITH (connector = 'kafka', bootstrap_servers = "
             f"'{address}', topic = 'nope', format = 'json', kafka.sasl.password = 'hunter2');\n"
             "CREATE STREAMING TABLE t AS SELECT id FROM s;")
+        options = default_options(progress=None)
         with pytest.raises(OctoError) as got:
-            table_status(load_project(tmp_path), "t", options=default_options(progress=None))
+            table_status(load_project(tmp_path), "t", options=options)
         assert "source 's'" in str(got.value) and "nope" in str(got.value)
         assert "hunter2" not in str(got.value)
+        with pytest.raises(OctoError) as got:  # a run plans its batches in Spark's source runner
+            run_tables(spark, tmp_path, options=options, until_idle=True)
+        assert "source 's'" in str(got.value) and "topic not found" in str(got.value)
+        assert "hunter2" not in str(got.value)
+        # ... nor where Dagster shows the source
+        from orchestration.assets import source_spec
+        from orchestration.translator import OctoTranslator
+
+        spec = source_spec(load_project(tmp_path), "s", OctoTranslator())
+        shown = f"{spec.description} {spec.metadata}"
+        assert "kafka.sasl.password" in shown and "hunter2" not in shown
+        assert spec.kinds == {"kafka"}
+
+
+def _planned(tmp_path, options: dict[str, str], marks: dict[str, list[int]],
+             batches: list[dict[str, list[int]]] = ()):
+    """Plan the next batch of a Kafka input whose batch log holds ``batches`` (their
+    ranges), with the partitions at watermarks ``marks``."""
+    from octo_platform.runtime.offsets import BatchLog, InputSpec, kafka_ranges
+
+    spec = InputSpec("source:s", "kafka", "kafka://h:9092/t",
+                     options=tuple(sorted(options.items())))
+    log = BatchLog(DeltaStore(), str(tmp_path / "log"))
+    for i, ranges in enumerate(batches):
+        log.append(i, "intent", {spec.key: {"ranges": ranges}}, 0)
+    return kafka_ranges(spec, log, marks)
+
+
+def test_kafka_ranges_are_planned_from_the_batch_log(tmp_path):
+    marks = {"0": [0, 10], "1": [0, 4], "2": [3, 3]}
+    assert _planned(tmp_path / "a", {}, marks) == {"ranges": {"0": [0, 10], "1": [0, 4]}}
+    # max_records_per_batch caps the batch across partitions, in partition order
+    assert _planned(tmp_path / "b", {"max_records_per_batch": "12"}, marks) == \
+        {"ranges": {"0": [0, 10], "1": [0, 2]}}
+    # the next batch starts where the logged ones stopped; a new partition at its start
+    assert _planned(tmp_path / "c", {}, {**marks, "3": [0, 2]},
+                    [{"0": [0, 10], "1": [0, 2]}]) == {"ranges": {"1": [2, 4], "3": [0, 2]}}
+    assert _planned(tmp_path / "d", {}, marks, [{"0": [0, 10], "1": [0, 4]}]) is None
+    # startup = 'latest': the first batch is empty and logs the high watermarks
+    first = _planned(tmp_path / "e", {"startup": "latest"}, marks)
+    assert first == {"ranges": {"0": [10, 10], "1": [4, 4], "2": [3, 3]}}
+    assert _planned(tmp_path / "e2", {"startup": "latest"}, {"0": [0, 11], "1": [0, 4]},
+                    [first["ranges"]]) == {"ranges": {"0": [10, 11]}}
+
+
+def test_offsets_deleted_before_they_were_read_fail_or_are_skipped(tmp_path):
+    read = [{"0": [0, 5]}]
+    with pytest.raises(OctoError, match=r"offsets 5\.\.7 of partition 0 .* on_data_loss"):
+        _planned(tmp_path / "a", {}, {"0": [8, 20]}, read)
+    assert _planned(tmp_path / "b", {"on_data_loss": "skip"}, {"0": [8, 20]}, read) == \
+        {"ranges": {"0": [8, 20]}, "lost": 3}

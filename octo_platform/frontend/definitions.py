@@ -32,6 +32,16 @@ class SourceDef:
     def format(self) -> str:
         return self.options.get("format", "")
 
+    @property
+    def shown_options(self) -> dict[str, str]:
+        """The options as they may be shown: a secret's value (a ``kafka.`` property named
+        like a password, secret, key, token or JAAS config) replaced by ``***``."""
+        return {k: "***" if k.startswith("kafka.") and any(w in k for w in _SECRET_WORDS)
+                else v for k, v in self.options.items()}
+
+
+_SECRET_WORDS = ("password", "secret", "key", "token", "jaas", "credential")
+
 
 @dataclass(frozen=True)
 class TableDef:
