@@ -34,7 +34,7 @@ ui-data: $(STAMP)
 	g = NexmarkGenerator(); [demo_round('.', round_no=i, generator=g) for i in range(3)]"
 
 # Benchmarks (benchmarks/README.md): one table of issue 9's targets. `make bench` takes about
-# 15-20 min on 2 cores; `make bench-full` adds Nexmark at 10M events of history. Extra options:
+# 4 min on 2 cores; `make bench-full` (7 min) adds Nexmark at 10M events of history. Options:
 # BENCH_ARGS='--quick' (a harness check in minutes), '--only joins', '--out DIR'.
 bench: $(STAMP)
 	PYSPARK_PYTHON=$(abspath $(PY)) $(PY) benchmarks/bench.py --scale small $(BENCH_ARGS)
