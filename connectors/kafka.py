@@ -26,7 +26,7 @@ if TYPE_CHECKING:
     import pyarrow as pa
     from pyspark.sql import DataFrame, SparkSession
 
-__all__ = ["KafkaSource", "watermarks", "read", "WAIT_S"]
+__all__ = ["KafkaSource", "watermarks", "read", "commit_offsets", "group_id", "WAIT_S"]
 
 WAIT_S = 20.0  # how long the driver waits for a broker or a topic before failing the run
 _FETCH_TIMEOUT_S = 60.0  # an executor's wait for the records of a logged range
@@ -92,6 +92,25 @@ def watermarks(source: KafkaSource, *, wait_s: float | None = None
                                                        timeout=wait_s, cached=False)
             out[p] = (int(low), int(high))
         return out
+    finally:
+        consumer.close()
+
+
+def group_id(table: str) -> str:
+    """The consumer group whose offsets show a streaming table's progress to lag tools."""
+    return f"octo.{table}"
+
+
+def commit_offsets(source: KafkaSource, table: str, ranges: dict[str, list[int]]) -> None:
+    """Commit the ends of a committed batch's ranges as ``table``'s consumer group offsets,
+    for lag tools to see (octo itself resumes from its batch log, never from these)."""
+    from confluent_kafka import Consumer, TopicPartition
+
+    consumer = Consumer(source.config(**{"group.id": group_id(table),
+                                         "enable.auto.commit": False}))
+    try:
+        consumer.commit(offsets=[TopicPartition(source.topic, int(p), int(stop))
+                                 for p, (_, stop) in ranges.items()], asynchronous=False)
     finally:
         consumer.close()
 

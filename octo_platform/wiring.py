@@ -42,6 +42,7 @@ def default_environment(storage_options: dict[str, str] | None = None) -> Enviro
         kafka_source=kafka.KafkaSource.from_options,
         kafka_watermarks=kafka.watermarks,
         read_kafka=kafka.read,
+        commit_kafka=kafka.commit_offsets,
         rebuild=functools.partial(default_environment, storage_options),
     )
 

@@ -8,6 +8,8 @@ import json
 import random
 
 import pytest
+from confluent_kafka import Consumer, ConsumerGroupTopicPartitions, TopicPartition
+from confluent_kafka.admin import AdminClient
 
 from octo_platform.errors import OctoError
 from octo_platform.project import load_project
@@ -89,6 +91,18 @@ def test_kafka_sources_match_batch_sql(spark, tmp_path):
             partition, _, offset = at.partition("@")
             assert topic == "dbserver.public.accounts" and int(partition) in range(3)
             assert int(offset) >= 0
+
+        # Lag tools see each table's progress as its consumer group's offsets.
+        admin = AdminClient({"bootstrap.servers": address})
+        asked = ConsumerGroupTopicPartitions("octo.per_group", [
+            TopicPartition("dbserver.public.accounts", p) for p in range(3)])
+        got = admin.list_consumer_group_offsets([asked])["octo.per_group"].result(timeout=30)
+        ends = {tp.partition: tp.offset for tp in got.topic_partitions}
+        probe = Consumer({"bootstrap.servers": address, "group.id": "probe"})
+        highs = {p: probe.get_watermark_offsets(
+            TopicPartition("dbserver.public.accounts", p), timeout=10)[1] for p in range(3)}
+        probe.close()
+        assert ends == highs
 
         # A rerun with nothing new makes no batch: offsets come from the batch log.
         assert not run_tables(spark, tmp_path, options=options, until_idle=True).batches

@@ -36,4 +36,5 @@ class Environment:
     kafka_source: Callable[..., Any]  # (name, WITH options, columns=, types=) -> a source
     kafka_watermarks: Callable[[Any], dict[int, tuple[int, int]]]  # {partition: (low, high)}
     read_kafka: Callable[..., Any]  # (spark, source, ranges) -> records, like read_files
+    commit_kafka: Callable[..., None]  # (source, table, ranges): consumer-group offsets
     rebuild: Callable[[], Environment]

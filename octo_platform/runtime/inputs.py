@@ -20,7 +20,8 @@ if TYPE_CHECKING:
 
     from octo_platform.runtime.pipeline import BatchStats, Pipeline
 
-__all__ = ["input_specs", "read_inputs", "settle_inputs", "ALL_BUCKETS_BYTES"]
+__all__ = ["input_specs", "read_inputs", "settle_inputs", "commit_kafka_offsets",
+           "ALL_BUCKETS_BYTES"]
 
 ALL_BUCKETS_BYTES = 1 << 20  # input size from which a top-N takes all its buckets as touched
 KAFKA_RECORD_BYTES = 100  # a Kafka record's size, as far as ALL_BUCKETS_BYTES is concerned
@@ -111,6 +112,25 @@ def settle_inputs(observed: list[_Observed], stats: BatchStats) -> list[DataFram
                 "_raw AS raw", "_file AS source_file", f"'{o.source}' AS source",
                 "_reason AS reason"))
     return dead
+
+
+def commit_kafka_offsets(pipe: Pipeline, inputs: dict[str, Any]) -> None:
+    """After a batch's commit, its Kafka ranges' ends as the table's consumer-group offsets
+    (for lag tools). Best effort: the batch log is the source of truth, so a failure here
+    is reported and the run goes on."""
+    for src in pipe.table.physical.sources:
+        got = inputs.get(source_key(src.kind, src.name)) if src.kind == "source" else None
+        if not got or not got.get("ranges"):
+            continue
+        sdef = pipe.project.source(src.name)
+        try:
+            pipe.env.commit_kafka(pipe.env.kafka_source(sdef.name, sdef.options), pipe.name,
+                                  got["ranges"])
+        except Exception as e:  # noqa: BLE001 - lag tools only; never fail a committed batch
+            if pipe.progress:
+                pipe.progress(f"[{pipe.name}] could not commit the consumer-group offsets of "
+                              f"source {sdef.name!r} (lag tools only; reading resumes from "
+                              f"the batch log): {e}")
 
 
 def upstream_changes(pipe: Pipeline, src: PSource, got: dict[str, Any] | None

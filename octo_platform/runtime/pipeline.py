@@ -17,7 +17,12 @@ from typing import TYPE_CHECKING, Any, Callable
 from octo_platform.errors import RunError
 from octo_platform.project import CompiledTable, Project
 from octo_platform.runtime.environment import Environment
-from octo_platform.runtime.inputs import input_specs, read_inputs, settle_inputs
+from octo_platform.runtime.inputs import (
+    commit_kafka_offsets,
+    input_specs,
+    read_inputs,
+    settle_inputs,
+)
 from octo_platform.runtime.layout import Layout
 from octo_platform.runtime.metrics import JobCounter
 from octo_platform.runtime.offsets import BatchLog, source_key
@@ -154,6 +159,7 @@ class Pipeline:
         log.append(batch, "commit", {"versions": versions, "stats": stats.to_json(),
                                      "fingerprint": self.fingerprint,
                                      "state_format": STATE_FORMAT}, ts_ms)
+        commit_kafka_offsets(self, inputs)
         if batch % MAINTENANCE_EVERY == MAINTENANCE_EVERY - 1:
             self.maintain()
         if self.progress:
