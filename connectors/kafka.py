@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import time
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, Iterator
+from typing import TYPE_CHECKING, Any, ClassVar, Iterator
 
 from connectors.files import FileSource, Parsed, parse_json
 from octo_platform.errors import RunError
@@ -26,20 +26,43 @@ if TYPE_CHECKING:
     import pyarrow as pa
     from pyspark.sql import DataFrame, SparkSession
 
-__all__ = ["KafkaSource", "watermarks", "read", "commit_offsets", "group_id", "WAIT_S"]
+__all__ = ["KafkaTopic", "KafkaSource", "properties", "watermarks", "read", "commit_offsets", "group_id", "WAIT_S"]
 
 WAIT_S = 20.0  # how long the driver waits for a broker or a topic before failing the run
 _FETCH_TIMEOUT_S = 60.0  # an executor's wait for the records of a logged range
 
 
 @dataclass(frozen=True)
-class KafkaSource:
-    """What the reader needs to know about a ``CREATE SOURCE ... WITH (connector='kafka')``."""
+class KafkaTopic:
+    """A topic on a cluster, and the librdkafka properties to reach it."""
 
-    name: str
+    what: ClassVar[str] = "topic"
+    name: str  # the source or sink it belongs to
     topic: str
     bootstrap_servers: str
     properties: tuple[tuple[str, str], ...] = ()  # the kafka.<name> options, prefix removed
+
+    def config(self, **extra: Any) -> dict[str, Any]:
+        """The librdkafka configuration: the ``kafka.`` properties, then ``extra`` (what octo
+        relies on, which they cannot override)."""
+        return {"bootstrap.servers": self.bootstrap_servers, **dict(self.properties), **extra}
+
+    def where(self) -> str:
+        """The source or sink, topic and brokers, for messages (never a property's value)."""
+        return f"{self.what} {self.name!r} (topic {self.topic!r} at {self.bootstrap_servers})"
+
+
+def properties(options: dict[str, str]) -> tuple[tuple[str, str], ...]:
+    """The ``kafka.<name>`` options as librdkafka properties."""
+    return tuple(sorted((k[len("kafka."):], v) for k, v in options.items()
+                        if k.startswith("kafka.")))
+
+
+@dataclass(frozen=True)
+class KafkaSource(KafkaTopic):
+    """What the reader needs to know about a ``CREATE SOURCE ... WITH (connector='kafka')``."""
+
+    what: ClassVar[str] = "source"
     columns: tuple[str, ...] = ()
     types: tuple[str, ...] = ()
     format: str = "json"
@@ -48,20 +71,11 @@ class KafkaSource:
     def from_options(cls, name: str, options: dict[str, str], *,
                      columns: tuple[str, ...] = (), types: tuple[str, ...] = ()
                      ) -> KafkaSource:
-        props = tuple(sorted((k[len("kafka."):], v) for k, v in options.items()
-                             if k.startswith("kafka.")))
-        return cls(name, options["topic"], options["bootstrap_servers"], props, columns,
-                   types, options.get("format", "json"))
-
-    def config(self, **extra: Any) -> dict[str, Any]:
-        return {"bootstrap.servers": self.bootstrap_servers, **dict(self.properties), **extra}
-
-    def where(self) -> str:
-        """The source, topic and brokers, for messages (never a property's value)."""
-        return f"source {self.name!r} (topic {self.topic!r} at {self.bootstrap_servers})"
+        return cls(name, options["topic"], options["bootstrap_servers"], properties(options),
+                   columns, types, options.get("format", "json"))
 
 
-def watermarks(source: KafkaSource, *, wait_s: float | None = None
+def watermarks(source: KafkaTopic, *, wait_s: float | None = None
                ) -> dict[int, tuple[int, int]]:
     """``{partition: (low, high)}`` of the topic right now; partitions added later show up
     on a later call. Fails with a message naming the source when the broker cannot be

@@ -43,7 +43,8 @@ def _parser() -> argparse.ArgumentParser:
                         "$SPARK_CONF_DIR/spark-defaults.conf, which beats octo's defaults")
 
     run = sub.add_parser("run", help="run streaming tables")
-    run.add_argument("names", nargs="*", metavar="NAME", help="streaming tables to run")
+    run.add_argument("names", nargs="*", metavar="NAME", help="streaming tables to run (a "
+                     "sink's name runs its table, which publishes it)")
     run.add_argument("--all", action="store_true", help="run every streaming table")
     run.add_argument("--until-idle", action="store_true",
                      help="process everything available, then exit 0")
@@ -80,7 +81,9 @@ def _parser() -> argparse.ArgumentParser:
     spark_opts(refresh)
 
     reset = sub.add_parser("reset", help="delete a table's changelog, current state and "
-                           "operator state so the next run rebuilds it from all input")
+                           "operator state so the next run rebuilds it from all input (its "
+                           "sinks then publish it again from the start; a sink named alone "
+                           "forgets what it published)")
     reset.add_argument("names", nargs="+", metavar="NAME")
     project_opts(reset)
 
@@ -135,15 +138,16 @@ def _run(args: argparse.Namespace) -> int:
     if not args.all and not args.names:
         print("octo: error: name streaming tables to run, or pass --all", file=sys.stderr)
         return 2
-    for name in args.names:
-        project.table(name)  # unknown names fail before Spark starts
+    # a sink's name runs its table (which publishes it); unknown names fail before Spark starts
+    names = [project.sinks[n.lower()].table if n.lower() in project.sinks else
+             project.table(n).name for n in args.names]
     from octo_platform.runtime.runner import run_tables
     from octo_platform.wiring import default_options
 
     spark = _session(args)
     report = run_tables(spark, project,
                         options=default_options(warehouse=args.warehouse, buckets=args.buckets),
-                        names=None if args.all else args.names,
+                        names=None if args.all else names,
                         until_idle=args.until_idle, interval=args.interval,
                         parallel=args.parallel)
     total = len(report.batches)

@@ -10,7 +10,7 @@ from pathlib import Path
 
 from octo_platform.errors import CatalogError, OctoError
 from octo_platform.frontend.binder import Catalog, build_catalog
-from octo_platform.frontend.definitions import SourceDef, TableDef
+from octo_platform.frontend.definitions import SinkDef, SourceDef, TableDef
 from octo_platform.frontend.parser import Statement, parse_sql
 from octo_platform.logical.plan import explain as explain_logical
 from octo_platform.physical.plan import PhysicalPlan, lower
@@ -42,6 +42,7 @@ class Project:
         for t in catalog.tables():
             plan = lower(t.name, t.plan, t.pk)
             self.tables[t.name.lower()] = CompiledTable(t, plan, groups.get(t.name.lower(), ""))
+        self.sinks: dict[str, SinkDef] = {s.name.lower(): s for s in catalog.sinks()}
 
     def table(self, name: str) -> CompiledTable:
         try:
@@ -49,6 +50,18 @@ class Project:
         except KeyError:
             known = ", ".join(sorted(t.name for t in self.tables.values())) or "none"
             raise CatalogError(f"unknown streaming table {name!r} (known: {known})") from None
+
+    def sink(self, name: str) -> SinkDef:
+        try:
+            return self.sinks[name.lower()]
+        except KeyError:
+            known = ", ".join(sorted(s.name for s in self.sinks.values())) or "none"
+            raise CatalogError(f"unknown sink {name!r} (known: {known})") from None
+
+    def sinks_of(self, table: str) -> list[SinkDef]:
+        """The sinks publishing ``table``'s changelog, by name."""
+        return sorted((s for s in self.sinks.values() if s.table.lower() == table.lower()),
+                      key=lambda s: s.name.lower())
 
     def source(self, name: str) -> SourceDef:
         return self.catalog.sources[name.lower()]
@@ -82,8 +95,12 @@ class Project:
 
     def explain(self, name: str) -> str:
         t = self.table(name)
-        return (f"== Logical plan: {t.name} ==\n{explain_logical(t.definition.plan)}\n\n"
+        text = (f"== Logical plan: {t.name} ==\n{explain_logical(t.definition.plan)}\n\n"
                 f"== Physical plan: {t.name} ==\n{explain_physical(t.physical)}")
+        sinks = [f"{s.name}: {s.target} ({s.options['format']}"
+                 f"{', tombstones' if s.tombstones else ''}), published after each batch"
+                 for s in self.sinks_of(t.name)]
+        return text + (f"\n\n== Sinks of {t.name} ==\n" + "\n".join(sinks) if sinks else "")
 
 
 def load_project(root: str | Path, *, sql_dir: str = "sql") -> Project:

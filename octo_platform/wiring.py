@@ -17,7 +17,7 @@ __all__ = ["default_environment", "default_options"]
 
 def default_environment(storage_options: dict[str, str] | None = None) -> Environment:
     """delta-rs (with ``storage_options`` for object stores) and the built-in connectors."""
-    from connectors import debezium, delta_table, files, kafka
+    from connectors import debezium, delta_table, files, kafka, kafka_sink
     from state.delta import DeltaStore
 
     store = DeltaStore(storage_options)
@@ -43,6 +43,8 @@ def default_environment(storage_options: dict[str, str] | None = None) -> Enviro
         kafka_watermarks=kafka.watermarks,
         read_kafka=kafka.read,
         commit_kafka=kafka.commit_offsets,
+        kafka_sink=kafka_sink.KafkaSink.from_options,
+        publish_kafka=kafka_sink.publish,
         rebuild=functools.partial(default_environment, storage_options),
     )
 

@@ -68,3 +68,34 @@ class Producer:
              key: str | None = None) -> None:
         self.producer.produce(topic, value=value, key=key, partition=partition)
         self.producer.flush(30)
+
+
+def read_topic(address: str, topic: str) -> list[dict]:
+    """Every message of ``topic``, partition by partition in offset order: ``partition``,
+    ``offset``, ``key`` and ``value`` (text or None) and ``headers`` (a dict of text)."""
+    from confluent_kafka import Consumer, KafkaError, TopicPartition
+
+    consumer = Consumer({"bootstrap.servers": address, "group.id": "test-reader",
+                         "enable.auto.commit": False, "enable.partition.eof": True})
+    out: list[dict] = []
+    try:
+        parts = sorted(consumer.list_topics(topic, timeout=10).topics[topic].partitions)
+        for p in parts:
+            consumer.assign([TopicPartition(topic, p, 0)])
+            deadline = time.monotonic() + 30
+            while time.monotonic() < deadline:
+                msg = consumer.poll(1.0)
+                if msg is None:
+                    continue
+                if msg.error():
+                    assert msg.error().code() == KafkaError._PARTITION_EOF, msg.error()
+                    break
+                out.append({"partition": p, "offset": msg.offset(),
+                            "key": None if msg.key() is None else msg.key().decode(),
+                            "value": None if msg.value() is None else msg.value().decode(),
+                            "headers": {k: v.decode() for k, v in msg.headers() or ()}})
+            else:
+                raise AssertionError(f"{topic}/{p}: no end of partition within 30 s")
+    finally:
+        consumer.close()
+    return out

@@ -8,9 +8,9 @@ plan, and the result is a ``definitions.TableDef``.
 from __future__ import annotations
 
 from octo_platform.errors import CatalogError, SqlError
-from octo_platform.frontend.definitions import SourceDef, TableDef
-from octo_platform.frontend.options import source_def, table_options
-from octo_platform.frontend.parser import SourceStmt, Statement, TableStmt, ViewStmt
+from octo_platform.frontend.definitions import SinkDef, SourceDef, TableDef
+from octo_platform.frontend.options import sink_def, source_def, table_options
+from octo_platform.frontend.parser import SinkStmt, SourceStmt, Statement, TableStmt, ViewStmt
 from octo_platform.frontend.queries import QueryBinder
 from octo_platform.frontend.shapes import check_bounded
 from octo_platform.logical.optimizer import RULES, Rule, optimize
@@ -26,6 +26,7 @@ class Catalog:
         self.rules = rules
         self.sources: dict[str, SourceDef] = {}
         self.views: dict[str, ViewStmt] = {}
+        self._sink_stmts: dict[str, SinkStmt] = {}
         self._table_stmts: dict[str, TableStmt] = {}
         self._tables: dict[str, TableDef] = {}
         self._binding: list[str] = []
@@ -44,6 +45,8 @@ class Catalog:
                 self.sources[key] = source_def(stmt)
             elif isinstance(stmt, ViewStmt):
                 self.views[key] = stmt
+            elif isinstance(stmt, SinkStmt):
+                self._sink_stmts[key] = stmt
             else:
                 self._table_stmts[key] = stmt
 
@@ -73,6 +76,22 @@ class Catalog:
     def tables(self) -> list[TableDef]:
         return [self.table(n) for n in self.table_names]
 
+    def sinks(self) -> list[SinkDef]:
+        """Every ``CREATE SINK``, its table checked to be a streaming table."""
+        out = []
+        for stmt in self._sink_stmts.values():
+            sink = sink_def(stmt)
+            if stmt.table.lower() not in self._table_stmts:
+                what = ("a source" if stmt.table.lower() in self.sources else "a view"
+                        if stmt.table.lower() in self.views else "not defined")
+                known = ", ".join(sorted(self.table_names)) or "none"
+                raise SqlError(f"sink {stmt.name!r}: {stmt.table!r} is {what}; a sink "
+                               f"publishes a streaming table (known: {known})",
+                               stmt.file.location(stmt.table_offset))
+            out.append(SinkDef(sink.name, self.table(stmt.table).name, sink.options,
+                               sink.file))
+        return out
+
     def relation(self, name: str) -> SourceDef | TableDef | ViewStmt | None:
         """The source, streaming table (bound now if need be) or view called ``name``."""
         key = name.lower()
@@ -81,13 +100,14 @@ class Catalog:
         return self.sources.get(key) or self.views.get(key)
 
     def names(self) -> list[str]:
-        return [*self.sources, *self.views, *self._table_stmts]
+        return [*self.sources, *self.views, *self._table_stmts, *self._sink_stmts]
 
 
 def build_catalog(statements: list[Statement], *, rules: tuple[Rule, ...] = RULES) -> Catalog:
     """Bind all statements; raises on the first error so nothing runs with a broken project."""
     catalog = Catalog(statements, rules)
     catalog.tables()
+    catalog.sinks()
     return catalog
 
 

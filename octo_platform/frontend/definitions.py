@@ -9,7 +9,7 @@ from dataclasses import dataclass, field
 from octo_platform.logical.plan import Mode, Node
 from octo_platform.partitions import Partitioning
 
-__all__ = ["SourceDef", "TableDef"]
+__all__ = ["SourceDef", "TableDef", "SinkDef", "redacted"]
 
 
 @dataclass(frozen=True)
@@ -34,10 +34,14 @@ class SourceDef:
 
     @property
     def shown_options(self) -> dict[str, str]:
-        """The options as they may be shown: a secret's value (a ``kafka.`` property named
-        like a password, secret, key, token or JAAS config) replaced by ``***``."""
-        return {k: "***" if k.startswith("kafka.") and any(w in k for w in _SECRET_WORDS)
-                else v for k, v in self.options.items()}
+        return redacted(self.options)
+
+
+def redacted(options: dict[str, str]) -> dict[str, str]:
+    """``options`` as they may be shown: a secret's value (a ``kafka.`` property named like
+    a password, secret, key, token or JAAS config) replaced by ``***``."""
+    return {k: "***" if k.startswith("kafka.") and any(w in k for w in _SECRET_WORDS)
+            else v for k, v in options.items()}
 
 
 _SECRET_WORDS = ("password", "secret", "key", "token", "jaas", "credential")
@@ -59,3 +63,30 @@ class TableDef:
     @property
     def columns(self) -> tuple[str, ...]:
         return self.plan.columns
+
+
+@dataclass(frozen=True)
+class SinkDef:
+    """A bound ``CREATE SINK``: where a streaming table's changelog is published."""
+
+    name: str
+    table: str  # the streaming table, as its definition spells it
+    options: dict[str, str]
+    file: str = ""
+
+    @property
+    def connector(self) -> str:
+        return self.options.get("connector", "")
+
+    @property
+    def tombstones(self) -> bool:
+        return self.options.get("tombstones", "false") == "true"
+
+    @property
+    def shown_options(self) -> dict[str, str]:
+        return redacted(self.options)
+
+    @property
+    def target(self) -> str:
+        """Where it publishes: ``kafka://<bootstrap servers>/<topic>``."""
+        return f"kafka://{self.options['bootstrap_servers']}/{self.options['topic']}"

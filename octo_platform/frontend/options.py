@@ -6,12 +6,13 @@ or at ``CREATE`` when a required option is missing.
 from __future__ import annotations
 
 from octo_platform.errors import SqlError
-from octo_platform.frontend.definitions import SourceDef
-from octo_platform.frontend.parser import SourceStmt, TableStmt
+from octo_platform.frontend.definitions import SinkDef, SourceDef
+from octo_platform.frontend.parser import SinkStmt, SourceStmt, TableStmt
 from octo_platform.logical.plan import Mode
 from octo_platform.partitions import GRANULARITIES, Partitioning, parse_time
 
-__all__ = ["FORMATS", "CONNECTORS", "TABLE_OPTIONS", "source_def", "table_options"]
+__all__ = ["FORMATS", "CONNECTORS", "TABLE_OPTIONS", "SINK_OPTIONS", "source_def",
+           "table_options", "sink_def"]
 
 FORMATS = ("json", "csv", "parquet", "debezium-json")
 CONNECTORS = ("files", "delta", "kafka")
@@ -20,6 +21,9 @@ KAFKA_FORMATS = ("json", "debezium-json")
 KAFKA_OPTIONS = ("connector", "bootstrap_servers", "topic", "format", "primary_key", "startup",
                  "max_records_per_batch", "on_data_loss")  # and kafka.<librdkafka property>
 KAFKA_CHOICES = {"startup": ("earliest", "latest"), "on_data_loss": ("fail", "skip")}
+SINK_OPTIONS = ("connector", "bootstrap_servers", "topic", "format", "tombstones")
+SINK_CHOICES = {"connector": ("kafka",), "format": ("debezium-json",),
+                "tombstones": ("true", "false")}
 MODES = ("updating", "append-only")
 TABLE_OPTIONS = ("primary_key", "partition_by", "partitions", "partition_start")
 
@@ -59,18 +63,38 @@ def source_def(stmt: SourceStmt) -> SourceDef:
                      pk, stmt.file.path)
 
 
-def _kafka_options(stmt: SourceStmt, what: str) -> Mode:
-    """Checks of a Kafka source's options; its changelog mode."""
+def sink_def(stmt: SinkStmt) -> SinkDef:
+    """The definition of a ``CREATE SINK`` (its table is checked by the catalog)."""
+    what = f"sink {stmt.name!r}"
+    opts = {"format": "debezium-json", "tombstones": "false", **stmt.options}
+    for key, choices in SINK_CHOICES.items():
+        if opts.get(key) not in choices:
+            raise SqlError(f"{what}: option {key!r} must be "
+                           f"{'one of ' if len(choices) > 1 else ''}{', '.join(choices)} "
+                           f"(got {opts.get(key)!r})",
+                           stmt.location(key if key in stmt.options else None))
+    _kafka_connection(stmt, what, SINK_OPTIONS)
+    return SinkDef(stmt.name, stmt.table, opts, stmt.file.path)
+
+
+def _kafka_connection(stmt: SourceStmt | SinkStmt, what: str, known: tuple[str, ...]) -> None:
+    """Only ``known`` options and ``kafka.<librdkafka property>``; the broker and topic given."""
     opts = stmt.options
     for key in opts:
-        if key not in KAFKA_OPTIONS and not (key.startswith("kafka.") and len(key) > 6):
+        if key not in known and not (key.startswith("kafka.") and len(key) > 6):
             raise SqlError(f"{what}: option {key!r} does not apply to connector 'kafka' (its "
-                           f"options: {', '.join(KAFKA_OPTIONS)}, kafka.<librdkafka property>)",
+                           f"options: {', '.join(known)}, kafka.<librdkafka property>)",
                            stmt.location(key))
     for key in ("bootstrap_servers", "topic"):
         if not opts.get(key, "").strip():
             raise SqlError(f"{what}: option {key!r} is required for connector 'kafka'",
                            stmt.location(key) if key in opts else stmt.location())
+
+
+def _kafka_options(stmt: SourceStmt, what: str) -> Mode:
+    """Checks of a Kafka source's options; its changelog mode."""
+    opts = stmt.options
+    _kafka_connection(stmt, what, KAFKA_OPTIONS)
     fmt = opts.get("format", "")
     if fmt not in KAFKA_FORMATS:
         raise SqlError(f"{what}: format must be one of {', '.join(KAFKA_FORMATS)} for "

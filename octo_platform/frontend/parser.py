@@ -1,7 +1,7 @@
 """Parse octo SQL files into statements.
 
-A file holds any number of ``CREATE SOURCE``, ``CREATE STREAMING TABLE`` and ``CREATE VIEW``
-statements separated by semicolons. Queries are Spark SQL, parsed with sqlglot; every error
+A file holds any number of ``CREATE SOURCE``, ``CREATE STREAMING TABLE``, ``CREATE VIEW`` and
+``CREATE SINK`` statements separated by semicolons. Queries are Spark SQL, parsed with sqlglot; every error
 names the file, line and column of the offending text.
 """
 from __future__ import annotations
@@ -22,6 +22,7 @@ __all__ = [
     "SourceStmt",
     "TableStmt",
     "ViewStmt",
+    "SinkStmt",
     "Statement",
     "SqlFile",
     "parse_file",
@@ -103,7 +104,20 @@ class ViewStmt:
     offset: int = 0
 
 
-Statement = SourceStmt | TableStmt | ViewStmt
+@dataclass(frozen=True)
+class SinkStmt(_Located):
+    """``CREATE SINK name FROM table WITH (key = 'value', ...)``."""
+
+    name: str
+    table: str
+    options: dict[str, str]
+    file: SqlFile = field(repr=False, compare=False)
+    offset: int = 0
+    option_offsets: dict[str, int] = field(default_factory=dict, repr=False, compare=False)
+    table_offset: int = 0  # where the table's name is written
+
+
+Statement = SourceStmt | TableStmt | ViewStmt | SinkStmt
 
 
 def parse_file(path: str | Path) -> list[Statement]:
@@ -226,7 +240,8 @@ def _parse_statement(sql_file: SqlFile, tokens: list[Token]) -> Statement:
     cur = _Cursor(sql_file, tokens)
     start = tokens[0].start
     if not cur.take("CREATE"):
-        raise cur.error("expected CREATE SOURCE, CREATE STREAMING TABLE or CREATE VIEW")
+        raise cur.error("expected CREATE SOURCE, CREATE STREAMING TABLE, CREATE VIEW or "
+                        "CREATE SINK")
     if cur.take("SOURCE"):
         name = cur.name("a source name")
         begin, end = cur.balanced()
@@ -241,6 +256,15 @@ def _parse_statement(sql_file: SqlFile, tokens: list[Token]) -> Statement:
         cur.expect("AS", "AS")
         query, sql = _parse_query(sql_file, cur)
         return TableStmt(name, query, options, sql, sql_file, start, offsets)
+    if cur.take("SINK"):
+        name = cur.name("a sink name")
+        cur.expect("FROM followed by the streaming table it publishes", "FROM")
+        table_offset = cur.offset()
+        table = cur.name("the streaming table the sink publishes")
+        options, offsets = cur.options()
+        if cur.peek() is not None:
+            raise cur.error("unexpected text after CREATE SINK")
+        return SinkStmt(name, table, options, sql_file, start, offsets, table_offset)
     cur.take("OR", "REPLACE")
     cur.take("TEMPORARY") or cur.take("TEMP")
     if cur.take("VIEW"):
@@ -248,7 +272,7 @@ def _parse_statement(sql_file: SqlFile, tokens: list[Token]) -> Statement:
         cur.expect("AS", "AS")
         query, sql = _parse_query(sql_file, cur)
         return ViewStmt(name, query, sql, sql_file, start)
-    raise cur.error("expected SOURCE, STREAMING TABLE or VIEW after CREATE")
+    raise cur.error("expected SOURCE, STREAMING TABLE, VIEW or SINK after CREATE")
 
 
 def _padded(sql_file: SqlFile, begin: int, end: int) -> str:

@@ -37,4 +37,6 @@ class Environment:
     kafka_watermarks: Callable[[Any], dict[int, tuple[int, int]]]  # {partition: (low, high)}
     read_kafka: Callable[..., Any]  # (spark, source, ranges) -> records, like read_files
     commit_kafka: Callable[..., None]  # (source, table, ranges): consumer-group offsets
+    kafka_sink: Callable[..., Any]  # (name, WITH options, table=, key=) -> a sink's topic
+    publish_kafka: Callable[..., dict[str, int]]  # (sink, events, starts=, resume=) -> counts
     rebuild: Callable[[], Environment]

@@ -7,6 +7,8 @@ Batch N is a deterministic function of (its inputs, the state committed by N-1):
 3. every Delta write for N carries the app transaction (app_id, N) and is skipped when the
    table already has it, so a half-finished attempt only adds what is missing;
 4. a *commit* record with the new table versions and the batch statistics closes N.
+Then the table's sinks publish what its changelog gained (``sinks.py``; each exactly once
+through its own batch log).
 """
 from __future__ import annotations
 
@@ -23,12 +25,13 @@ from octo_platform.runtime.inputs import (
     read_inputs,
     settle_inputs,
 )
-from octo_platform.runtime.layout import Layout
+from octo_platform.runtime.layout import Layout, ScratchLayout
 from octo_platform.runtime.metrics import JobCounter
 from octo_platform.runtime.offsets import BatchLog, source_key
 from octo_platform.runtime.operators import BatchContext, evaluate
 from octo_platform.runtime.publish import RECOMPUTED, publish_recomputed
 from octo_platform.runtime.sink import encode, update_current, write_batch, write_dead_letters
+from octo_platform.runtime.sinks import SinkRunner, SinkStats
 from octo_platform.runtime.state_log import STATE_FORMAT
 
 if TYPE_CHECKING:
@@ -50,6 +53,7 @@ class BatchStats:
     seconds: float = 0.0
     spark_jobs: int = 0  # Spark jobs the batch ran (its fixed cost is mostly these)
     skipped: bool = False
+    sinks: list[SinkStats] = field(default_factory=list)  # sink batches published after it
 
     def line(self) -> str:
         ops = " ".join(f"{op}={self.events.get(op, 0)}" for op in ("c", "u", "d"))
@@ -88,8 +92,15 @@ class Pipeline:
             if src.kind == "source" and (sdef := project.source(src.name)).connector == "delta"}
         for name, dsrc in self.delta_sources.items():  # the table and its columns exist
             dsrc.check(self.name, last_read=self.log.last_version(source_key("source", name)))
+        self.sinks = [] if isinstance(layout, ScratchLayout) else [
+            SinkRunner(spark, project, s, layout, env, progress=progress)
+            for s in project.sinks_of(self.name)]
         if check_plan:
             self.check_fingerprint()
+
+    def publish(self) -> list[SinkStats]:
+        """Let every sink of the table publish what the changelog has (see ``sinks.py``)."""
+        return [stats for sink in self.sinks for stats in sink.catch_up()]
 
     def check_fingerprint(self) -> None:
         last = self.log.commit_payload(self.log.last_committed)
@@ -110,8 +121,8 @@ class Pipeline:
         """Process batch ``batch`` (or finish a half-done attempt of it) exactly once."""
         started = time.monotonic()
         log = self.log
-        if batch in log.commits:
-            return BatchStats(self.name, batch, skipped=True)
+        if batch in log.commits:  # a retry after the commit: only the sinks may lag
+            return BatchStats(self.name, batch, skipped=True, sinks=self.publish())
         if batch != log.last_committed + 1:
             raise RunError(f"{self.name}: batch {batch} follows {log.last_committed}")
         pending = log.pending()
@@ -164,6 +175,7 @@ class Pipeline:
             self.maintain()
         if self.progress:
             self.progress(stats.line())
+        stats.sinks = self.publish()
         return stats
 
     def maintain(self) -> None:

@@ -152,22 +152,36 @@ def downstream_of(project: Project, names: list[str], *,
 def reset_tables(project: Project, names: list[str], *, warehouse: str | None = None,
                  progress: Callable[[str], None] | None = print) -> None:
     """Delete the tables' changelogs, current snapshots, state, batch logs and dead letters
-    (local warehouses only), so their next run rebuilds them from all input."""
+    (local warehouses only), so their next run rebuilds them from all input. A table's
+    sinks are reset with it; a sink named alone forgets what it published, so its table's
+    next run publishes the whole changelog again."""
     layout = Layout(resolve_warehouse(project.root, warehouse))
     if "://" in layout.warehouse:
         raise RunError(f"resetting tables in {layout.warehouse} is not supported: delete "
                        "their folders with the storage's own tools")
-    tables = [project.table(n).name for n in names]
-    with lock_tables(layout, tables):
+    sinks = [project.sink(n) for n in names if n.lower() in project.sinks]
+    tables = [project.table(n).name for n in names if n.lower() not in project.sinks]
+    with lock_tables(layout, sorted({*tables, *(s.table for s in sinks)})):
         for t in tables:
             for path in (layout.changelog(t), layout.current(t), layout.dead_letters(t)):
                 _remove(path)
-            internal = Path(layout.internal(t))
-            for child in internal.iterdir() if internal.exists() else ():
-                if child.name != "lock":  # held right now
-                    _remove(str(child))
+            _clear(layout.internal(t))
+            sinks.extend(project.sinks_of(t))
             if progress:
                 progress(f"reset {t}: its next run rebuilds it from all input")
+        for sink in {s.name: s for s in sinks}.values():
+            _clear(layout.internal(sink.name))
+            if progress:
+                progress(f"reset sink {sink.name}: the next run of {sink.table} publishes its "
+                         f"changelog to {sink.target} from the start")
+
+
+def _clear(folder: str) -> None:
+    """Delete what a table's or sink's internal folder holds, but its lock (held now)."""
+    internal = Path(folder)
+    for child in internal.iterdir() if internal.exists() else ():
+        if child.name != "lock":
+            _remove(str(child))
 
 
 def _recompute(spark: SparkSession, project: Project, table, live: Pipeline,

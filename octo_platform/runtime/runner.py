@@ -38,6 +38,7 @@ from octo_platform.project import Project, load_project
 from octo_platform.runtime.layout import Layout
 from octo_platform.runtime.options import RunOptions
 from octo_platform.runtime.pipeline import BatchStats, Pipeline
+from octo_platform.runtime.sinks import SinkStats
 
 if TYPE_CHECKING:
     from pyspark.sql import DataFrame, SparkSession
@@ -49,6 +50,7 @@ __all__ = ["run_tables", "RunReport", "lock_tables", "open_project"]
 class RunReport:
     batches: list[BatchStats] = field(default_factory=list)
     retries: list[str] = field(default_factory=list)  # one line per retried batch / restart
+    published: list[SinkStats] = field(default_factory=list)  # sink batches
 
     def for_table(self, name: str) -> list[BatchStats]:
         return [b for b in self.batches if b.table.lower() == name.lower()]
@@ -174,6 +176,7 @@ class _Query:
                 self.error, self.attempts = e, attempt
                 raise
         self.failures = 0
+        self.report.published.extend(stats.sinks)
         if not stats.skipped:
             self.report.batches.append(stats)
 
@@ -263,8 +266,10 @@ class _Query:
             return self.failed(e)
 
     def launch(self, *, until_idle: bool, interval: str) -> float | None:
-        """``start``; on a failure to start, the delay before trying again (or ``RunError``)."""
+        """The table's sinks catch up (a run killed between a batch and its publishing),
+        then ``start``; on a failure, the delay before trying again (or ``RunError``)."""
         try:
+            self.report.published.extend(self.pipeline.publish())
             self.start(until_idle=until_idle, interval=interval)
             return None
         except Exception as e:  # noqa: BLE001 - classified by failed()

@@ -9,6 +9,7 @@ before its commit are in no Delta version, so readers never see them (vacuum dro
 """
 from __future__ import annotations
 
+import re
 import uuid
 from dataclasses import dataclass
 from collections.abc import Callable, Iterator
@@ -21,9 +22,10 @@ if TYPE_CHECKING:
     import pyarrow as pa
     from pyspark.sql import DataFrame
 
-__all__ = ["Output", "write_outputs"]
+__all__ = ["Output", "write_outputs", "file_batch"]
 
 APP_ID = "octo"
+_FILE_BATCH = re.compile(r"-b(\d{8,})-")  # a written file's name: <prefix>-b<batch>-<ids>
 _FILE_SCHEMA = "o INT, path STRING, size BIGINT, rows BIGINT, bucket INT, tags ARRAY<INT>"
 
 
@@ -111,6 +113,12 @@ def write_outputs(outputs: list[Output], *, batch: int, store: Store,
             (set().union(*replaced) if replaced else None),
             remove=tuple(p for i in mine for p in todo[i].remove))
     return written
+
+
+def file_batch(path: str) -> int | None:
+    """The batch that wrote a data file, from its name (None: not written here)."""
+    found = _FILE_BATCH.search(path.rsplit("/", 1)[-1])
+    return int(found.group(1)) if found else None
 
 
 def _struct_type(frame: DataFrame) -> Any:

@@ -1,0 +1,192 @@
+"""The ``kafka`` sink: a streaming table's change events published to a topic by executors.
+
+Message key: the table's primary key as JSON (``{"id": 7}``; null without a key). Value: the
+Debezium envelope ``{"before", "after", "op", "ts_ms", "source": {"table", "batch_id",
+"seq", "connector"}}`` (null fields written as ``null``), where ``seq`` numbers the events of
+a batch from 0. With ``tombstones = 'true'`` each ``d`` is followed by a message with the
+same key and a null value. Every message carries the headers ``octo.batch`` and
+``octo.seq`` (and ``octo.tombstone`` on a tombstone): its identity.
+
+Partition: ``pmod(xxhash64(key JSON), partitions)`` (a keyless event: of its batch and seq),
+so one key's events stay in one partition. Each partition's events are published by one
+Spark task, in ``(batch_id, seq)`` order, with an idempotent producer (``acks=all``), so
+retries neither reorder nor double them.
+
+Exactly once on any broker (``runtime/sinks.py`` drives it): a publish that may have been
+interrupted is redone with ``resume=True``; each task first reads its partitions from the
+offsets logged before the first attempt (``starts``) and skips the events whose identity is
+already there. This needs no transactions and no ``read_committed``.
+"""
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any, ClassVar, Iterator
+
+from connectors.kafka import KafkaTopic, properties
+from octo_platform.errors import RunError
+from octo_platform.sqltext import quote
+
+if TYPE_CHECKING:
+    import pyarrow as pa
+    from pyspark.sql import DataFrame
+
+__all__ = ["KafkaSink", "publish", "SEQ"]
+
+SEQ = "_seq"  # the events' column holding each event's sequence number within its batch
+# Defaults a sink's kafka.<name> options may override.
+_DEFAULTS = {"linger.ms": 5, "message.timeout.ms": 60_000, "compression.type": "lz4"}
+_TAIL_WAIT_S = 60.0  # a resumed task's wait for the messages already in its partition
+
+
+@dataclass(frozen=True)
+class KafkaSink(KafkaTopic):
+    """What publishing needs to know about a ``CREATE SINK ... WITH (connector='kafka')``."""
+
+    what: ClassVar[str] = "sink"
+    table: str = ""
+    key: tuple[str, ...] = ()  # the table's primary key (empty: messages have no key)
+    tombstones: bool = False
+
+    @classmethod
+    def from_options(cls, name: str, options: dict[str, str], *, table: str,
+                     key: tuple[str, ...] | None) -> KafkaSink:
+        return cls(name, options["topic"], options["bootstrap_servers"], properties(options),
+                   table, tuple(key or ()), options.get("tombstones", "false") == "true")
+
+    def producer_config(self) -> dict[str, Any]:
+        return {**_DEFAULTS, **self.config(**{"enable.idempotence": True, "acks": "all"})}
+
+
+def publish(sink: KafkaSink, events: DataFrame, *, starts: dict[int, int],
+            resume: bool) -> dict[str, int]:
+    """Publish ``events`` (the changelog's columns plus ``_seq``) to the sink's topic, whose
+    partitions and their offsets before the first attempt are ``starts``. Counts of
+    ``published`` and ``present`` (found already published by an interrupted attempt)
+    messages, per op and in all."""
+    partitions = len(starts)
+    key = ", ".join(f"'{k}', coalesce(after.{quote(k)}, before.{quote(k)})" for k in sink.key)
+    nulls = "map('ignoreNullFields', 'false')"  # a NULL field is written as null
+    key_sql = f"to_json(named_struct({key}), {nulls})" if sink.key else "CAST(NULL AS STRING)"
+    value_sql = ("to_json(named_struct('before', before, 'after', after, 'op', op, "
+                 "'ts_ms', ts_ms, 'source', named_struct('table', source.table, 'batch_id', "
+                 f"source.batch_id, 'seq', {SEQ}, 'connector', 'octo')), {nulls})")
+    spread = "_key" if sink.key else "batch_id, seq"
+    rows = events.selectExpr(f"{key_sql} AS _key", f"{value_sql} AS value", "op",
+                             "source.batch_id AS batch_id", f"{SEQ} AS seq", "ts_ms")
+    rows = rows.selectExpr("*", f"CAST(pmod(xxhash64({spread}), {partitions}) AS INT) AS part")
+    tasks = min(partitions, rows.sparkSession.sparkContext.defaultParallelism * 2)
+    ordered = rows.repartition(tasks, "part").sortWithinPartitions("part", "batch_id", "seq")
+    got = ordered.mapInArrow(_publisher(sink, starts, resume),
+                             "op STRING, published BIGINT, present BIGINT").collect()
+    counts: dict[str, int] = {"published": 0, "present": 0}
+    for r in got:
+        counts[r.op] = counts.get(r.op, 0) + r.published + r.present
+        counts["published"] += r.published
+        counts["present"] += r.present
+    return counts
+
+
+def _publisher(sink: KafkaSink, starts: dict[int, int], resume: bool):
+    """The ``mapInArrow`` function publishing its rows (sorted by partition, batch, seq)
+    and yielding counts per op. Runs on executors."""
+    config, topic, where = sink.producer_config(), sink.topic, sink.where()
+    reader = sink.config(**{"group.id": f"octo-sink-{sink.name}", "enable.auto.commit": False,
+                            "enable.partition.eof": True, "auto.offset.reset": "earliest"})
+    tombstones = sink.tombstones
+    flush_s = int(config["message.timeout.ms"]) / 1000 + 30
+
+    def run(batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
+        import pyarrow as pa
+        from confluent_kafka import KafkaException, Producer
+
+        failures: list[str] = []
+
+        def delivered(err: Any, _msg: Any) -> None:
+            if err is not None:
+                failures.append(err.str())
+
+        producer = Producer(config)
+        present: dict[int, set[tuple[int, int, bool]]] = {}
+        counts: dict[str, list[int]] = {}
+        try:
+            for rb in batches:
+                cols = [rb.column(n).to_pylist() for n in
+                        ("_key", "value", "op", "batch_id", "seq", "ts_ms", "part")]
+                for key, value, op, batch, seq, ts, part in zip(*cols):
+                    if resume and part not in present:
+                        present[part] = _published(reader, topic, part, starts[part], where)
+                    done = present.get(part, ())
+                    count = counts.setdefault(op, [0, 0])
+                    messages = [(value, False)]
+                    if tombstones and op == "d":
+                        messages.append((None, True))
+                    for payload, tomb in messages:
+                        if (batch, seq, tomb) in done:
+                            count[1] += 1
+                            continue
+                        headers = [("octo.batch", str(batch)), ("octo.seq", str(seq))]
+                        if tomb:
+                            headers.append(("octo.tombstone", "1"))
+                        _produce(producer, topic, key, payload, part, headers, ts, delivered)
+                        count[0] += 1
+                    if failures:
+                        break
+                if failures:
+                    break
+            left = producer.flush(flush_s)
+        except KafkaException as e:
+            raise RunError(f"{where}: {e.args[0].str() if e.args else e}") from None
+        if failures:
+            raise RunError(f"{where}: {len(failures)} message(s) not delivered: {failures[0]}")
+        if left:
+            raise RunError(f"{where}: {left} message(s) not delivered within {flush_s:g}s")
+        ops = sorted(counts)
+        yield pa.RecordBatch.from_pydict({"op": ops,
+                                          "published": [counts[o][0] for o in ops],
+                                          "present": [counts[o][1] for o in ops]})
+
+    return run
+
+
+def _produce(producer: Any, topic: str, key: str | None, value: str | None, partition: int,
+             headers: list, ts: int, delivered: Any) -> None:
+    while True:
+        try:
+            producer.produce(topic, value=value, key=key, partition=partition,
+                             headers=headers, timestamp=ts, on_delivery=delivered)
+            producer.poll(0)
+            return
+        except BufferError:  # the local queue is full: wait for deliveries
+            producer.poll(0.5)
+
+
+def _published(config: dict[str, Any], topic: str, partition: int, start: int,
+               where: str) -> set[tuple[int, int, bool]]:
+    """Identities ``(batch, seq, tombstone)`` of the messages of ``partition`` from offset
+    ``start`` to its end (read to end-of-partition, not to the high watermark: a broker may
+    report that short of the last record batch)."""
+    from confluent_kafka import Consumer, KafkaError, TopicPartition
+
+    consumer = Consumer(config)
+    found: set[tuple[int, int, bool]] = set()
+    try:
+        consumer.assign([TopicPartition(topic, partition, start)])
+        deadline = time.monotonic() + _TAIL_WAIT_S
+        while True:
+            msg = consumer.poll(1.0)
+            if msg is None:
+                if time.monotonic() > deadline:
+                    raise RunError(f"{where}: partition {partition} from offset {start} not "
+                                   f"readable within {_TAIL_WAIT_S:g}s")
+                continue
+            if msg.error():
+                if msg.error().code() == KafkaError._PARTITION_EOF:
+                    return found
+                raise RunError(f"{where}: partition {partition}: {msg.error().str()}")
+            deadline = time.monotonic() + _TAIL_WAIT_S
+            h = dict(msg.headers() or ())
+            if "octo.batch" in h and "octo.seq" in h:
+                found.add((int(h["octo.batch"]), int(h["octo.seq"]), "octo.tombstone" in h))
+    finally:
+        consumer.close()

@@ -1,0 +1,175 @@
+"""Kafka sinks against a real broker (tansu on a loopback port): a streaming table's
+changelog published to a topic exactly once, in batch order per key; a publish interrupted
+half-way is finished without doubling anything; the topic replayed by key equals the table."""
+from __future__ import annotations
+
+import json
+import random
+from collections import Counter
+from pathlib import Path
+
+from octo_platform.errors import OctoError
+from octo_platform.project import load_project
+from octo_platform.runtime.runner import run_tables
+from octo_platform.runtime.sinks import SinkRunner
+from octo_platform.wiring import default_options
+from tests.kafka_broker import Producer, create_topic, read_topic, tansu
+from tests.oracle import RandomInput, changelog_events, check_tables, norm, replay
+
+TABLES = {
+    "per_g": "SELECT g, COUNT(*) AS n, SUM(v) AS total FROM accounts GROUP BY g",
+    "big_v": "SELECT k, v FROM accounts WHERE v > 50",  # no primary key
+}
+
+
+def _project(tmp_path: Path, address: str, *, sinks: bool = True) -> str:
+    ddl = RandomInput(0, False).ddl()
+    sql = "\n".join([
+        f"CREATE SOURCE accounts ({ddl}) WITH (connector = 'kafka', bootstrap_servers = "
+        f"'{address}', topic = 'cdc', format = 'debezium-json', primary_key = 'id');",
+        *(f"CREATE STREAMING TABLE {name} AS {sql};" for name, sql in TABLES.items())])
+    (tmp_path / "sql").mkdir(exist_ok=True)
+    (tmp_path / "sql" / "tables.sql").write_text(sql)
+    sink_sql = (
+        f"CREATE SINK per_g_out FROM per_g WITH (connector = 'kafka', bootstrap_servers = "
+        f"'{address}', topic = 'per_g', tombstones = 'true');\n"
+        f"CREATE SINK big_v_out FROM big_v WITH (connector = 'kafka', bootstrap_servers = "
+        f"'{address}', topic = 'big_v', format = 'debezium-json', kafka.linger.ms = '0');")
+    sinks_file = tmp_path / "sql" / "sinks.sql"
+    sinks_file.write_text(sink_sql) if sinks else sinks_file.unlink(missing_ok=True)
+    return sql
+
+
+def _send(producer: Producer, source: RandomInput, n: int) -> None:
+    for line in source.lines(n):
+        event = json.loads(line)
+        event = event.get("payload", event)
+        rid = (event["after"] or event["before"])["id"]
+        producer.send("cdc", rid % 3, line, key=str(rid))
+
+
+def check_sink(messages: list[dict], warehouse: Path, table: str, key: tuple[str, ...],
+               tombstones: bool) -> None:
+    """The topic holds every change event of ``table`` exactly once (by its identity: batch,
+    seq, tombstone), each key's events in batch order, and replayed by key it equals the
+    table's replayed changelog."""
+    ids = Counter((m["headers"]["octo.batch"], m["headers"]["octo.seq"],
+                   "octo.tombstone" in m["headers"]) for m in messages)
+    twice = [i for i, n in ids.items() if n > 1]
+    assert not twice, f"{table}: published more than once: {twice[:5]}"
+    events = [m for m in messages if m["value"] is not None]
+    got = Counter((json.loads(m["value"])["source"]["batch_id"], json.loads(m["value"])["op"],
+                   norm(json.loads(m["value"])["before"]), norm(json.loads(m["value"])["after"]))
+                  for m in events)
+    want = Counter((e["source"]["batch_id"], e["op"], norm(e["before"]), norm(e["after"]))
+                   for e in changelog_events(warehouse, table))
+    assert got == want, f"{table}: the topic's events differ from the changelog"
+    last: dict = {}  # per key (and partition): the last (batch, seq) seen
+    alive: dict = {}  # replay by key
+    rows: Counter = Counter()  # replay of a keyless table
+    for m in messages:
+        value = json.loads(m["value"]) if m["value"] is not None else None
+        at = (int(m["headers"]["octo.batch"]), int(m["headers"]["octo.seq"]),
+              m["value"] is None)
+        if key:
+            assert m["key"] is not None
+            k = (m["partition"], m["key"])
+            assert last.get(k, (-1, -1, True)) < at, f"{table}: key {m['key']} out of order"
+            last[k] = at
+            if value is None:
+                assert tombstones and alive.get(m["key"], "gone") is None, \
+                    f"{table}: a tombstone that does not follow a delete"
+                alive.pop(m["key"])
+                continue
+            assert json.loads(m["key"]) == {c: (value["after"] or value["before"])[c]
+                                            for c in key}
+            assert value["source"]["table"] == table and value["ts_ms"] > 0
+            alive[m["key"]] = value["after"]
+        else:
+            assert m["key"] is None and value is not None
+            if value["before"] is not None:
+                rows[norm(value["before"])] -= 1
+            if value["after"] is not None:
+                rows[norm(value["after"])] += 1
+    if key:
+        deletes_left = [k for k, v in alive.items() if v is None]
+        assert not tombstones or not deletes_left, f"{table}: a delete without its tombstone"
+        rows = Counter(norm(v) for v in alive.values() if v is not None)
+    assert +rows == replay(warehouse, table), f"{table}: the topic replayed != the table"
+
+
+def _check_sinks(address: str, warehouse: Path) -> None:
+    check_sink(read_topic(address, "per_g"), warehouse, "per_g", ("g",), tombstones=True)
+    check_sink(read_topic(address, "big_v"), warehouse, "big_v", (), tombstones=False)
+
+
+def test_sinks_publish_each_change_once_in_order(spark, tmp_path):
+    with tansu() as address:
+        for topic, parts in (("cdc", 3), ("per_g", 3), ("big_v", 2)):
+            create_topic(address, topic, parts)
+        sql = _project(tmp_path, address)
+        producer, accounts = Producer(address), RandomInput(7, True)
+        options = default_options(buckets=4, progress=None)
+        warehouse = tmp_path / "warehouse"
+        for round_no in range(3):
+            _send(producer, accounts, random.Random(round_no).randint(15, 30))
+            report = run_tables(spark, tmp_path, options=options, until_idle=True)
+            assert {s.sink for s in report.published} == {"per_g_out", "big_v_out"}
+            check_tables(spark, warehouse, sql, {"accounts": accounts.relation()},
+                         {"per_g": True, "big_v": False}, round_no)
+            _check_sinks(address, warehouse)
+        assert any(s.counts.get("d") for s in report.published)  # tombstones were tested
+        assert load_project(tmp_path).explain("per_g").endswith(
+            f"per_g_out: kafka://{address}/per_g (debezium-json, tombstones), published "
+            "after each batch")
+
+        # A run killed half-way through publishing: its intent is logged and some of the
+        # events are in the topic. The next run finds them and publishes only the others.
+        _project(tmp_path, address, sinks=False)
+        _send(producer, accounts, 40)
+        run_tables(spark, tmp_path, options=options, until_idle=True)
+        _project(tmp_path, address)
+        project = load_project(tmp_path)
+        runner = SinkRunner(spark, project, project.sink("per_g_out"),
+                            options.layout(project.root), options.env, progress=None)
+        batch, spec, _, resumed = runner.plan()
+        assert not resumed
+        part = runner.events(spec["from"], spec["to"]).filter("_seq % 2 = 0")
+        sent = options.env.publish_kafka(runner.target, part, starts=runner.starts(spec),
+                                         resume=False)["published"]
+        assert sent > 0
+        report = run_tables(spark, tmp_path, options=options, until_idle=True)
+        resumed_batch = [s for s in report.published if s.sink == "per_g_out"][0]
+        assert resumed_batch.batch == batch and resumed_batch.resumed
+        assert resumed_batch.counts["present"] == sent
+        _check_sinks(address, warehouse)
+        # Nothing new: a rerun publishes nothing.
+        assert not run_tables(spark, tmp_path, options=options, until_idle=True).published
+
+
+def test_sink_errors_name_the_sink(spark, tmp_path):
+    """A sink whose topic does not exist fails the run, naming the sink and the topic; its
+    table's batch stays committed, and once the topic exists the next run publishes it."""
+    with tansu() as address:
+        create_topic(address, "cdc", 3)
+        _project(tmp_path, address)
+        (tmp_path / "sql" / "sinks.sql").write_text(
+            f"CREATE SINK per_g_out FROM per_g WITH (connector = 'kafka', bootstrap_servers = "
+            f"'{address}', topic = 'per_g');")
+        _send(Producer(address), RandomInput(3, True), 10)
+        options = default_options(buckets=4, progress=None)
+        import connectors.kafka as kafka
+
+        wait, kafka.WAIT_S = kafka.WAIT_S, 2.0
+        try:
+            run_tables(spark, tmp_path, options=options, until_idle=True)
+            raise AssertionError("the run should fail")
+        except OctoError as e:
+            assert "sink 'per_g_out' (topic 'per_g'" in str(e) and "topic not found" in str(e)
+        finally:
+            kafka.WAIT_S = wait
+        create_topic(address, "per_g", 2)
+        report = run_tables(spark, tmp_path, options=options, until_idle=True)
+        assert [s.sink for s in report.published] == ["per_g_out"]
+        check_sink(read_topic(address, "per_g"), tmp_path / "warehouse", "per_g", ("g",),
+                   tombstones=False)
