@@ -8,6 +8,9 @@ metadata and partitions come from ``translator.OctoTranslator``).
   of ``sql/``, deps = the sources and tables its SQL reads, ``code_version`` = the plan
   fingerprint (changes with the meaning of the query, not with its formatting), column schema
   and column lineage derived from the compiled plan (views and CTEs inlined);
+- each ``CREATE SINK`` becomes an asset downstream of its table, whose materialization
+  publishes what the table committed and the sink has not (the table's runs publish after
+  each batch, so it mostly confirms the sink is caught up): messages and lag as metadata;
 - a table declaring event-time partitions (``WITH (partition_by = ...)``) is partitioned in
   Dagster too (hourly / daily / monthly, single-run backfill policy): a partitioned run
   catches up, then recomputes its partition range from the table's history and publishes the
@@ -23,18 +26,19 @@ from typing import Any, Callable, Mapping
 import dagster as dg
 
 from octo_platform.errors import CatalogError
+from octo_platform.frontend.definitions import SinkDef
 from octo_platform.logical.lineage import column_types
 from octo_platform.project import CompiledTable, Project
 from orchestration.resources import SparkResource, WarehouseResource
 from orchestration.runs import column_schema, run_metadata
 from orchestration.translator import OctoTranslator
 
-__all__ = ["project_assets", "source_spec", "table_asset", "catch_up"]
+__all__ = ["project_assets", "source_spec", "table_asset", "sink_asset", "catch_up"]
 
 
 def project_assets(project: Project, translator: OctoTranslator
                    ) -> list[dg.AssetSpec | dg.AssetsDefinition]:
-    """Source specs and one asset per streaming table, in dependency order."""
+    """Source specs, one asset per streaming table (in dependency order) and per sink."""
     specs: list[dg.AssetSpec | dg.AssetsDefinition] = [
         source_spec(project, s.name, translator) for s in project.catalog.sources.values()]
     types: dict[str, dict[str, str | None]] = {}
@@ -42,6 +46,7 @@ def project_assets(project: Project, translator: OctoTranslator
         types[table.name.lower()] = column_types(
             table.definition.plan, table_types=lambda n: types.get(n.lower(), {}))
         specs.append(table_asset(project, table, types[table.name.lower()], translator))
+    specs += [sink_asset(project, sink, translator) for sink in project.sinks.values()]
     return specs
 
 
@@ -97,6 +102,37 @@ def table_asset(project: Project, table: CompiledTable, types: Mapping[str, str 
                 window = (tw.start, tw.end)
             return catch_up(project, name, spark=spark.get_session(), warehouse=warehouse,
                             log=context.log.info, window=window)
+
+    return _asset
+
+
+def sink_asset(project: Project, sink: SinkDef, translator: OctoTranslator
+               ) -> dg.AssetsDefinition:
+    """The asset of one sink, downstream of its table; materializing it publishes what the
+    sink has not published yet."""
+
+    @dg.asset(key=translator.get_asset_key(sink.name),
+              deps=[translator.get_asset_key(sink.table)],
+              group_name=translator.get_sink_group_name(project, sink),
+              description=translator.get_sink_description(project, sink),
+              metadata=translator.get_sink_metadata(sink), kinds={"kafka"})
+    def _asset(context: dg.AssetExecutionContext, spark: SparkResource,
+               warehouse: WarehouseResource) -> dg.MaterializeResult:
+        from octo_platform.runtime.runner import publish_sink
+
+        started = time.monotonic()
+        published, lag = publish_sink(spark.get_session(), project, sink.name,
+                                      options=warehouse.options(project.root,
+                                                                progress=context.log.info))
+        counts: dict[str, int] = {}
+        for s in published:
+            for k, v in s.counts.items():
+                counts[k] = counts.get(k, 0) + v
+        return dg.MaterializeResult(metadata={
+            "sink_batches": len(published), "messages": counts.get("published", 0),
+            **{f"events_{op}": counts.get(op, 0) for op in ("c", "u", "d")},
+            "changelog_versions_waiting": lag if lag is not None else dg.MetadataValue.null(),
+            "target": sink.target, "duration_s": round(time.monotonic() - started, 3)})
 
     return _asset
 

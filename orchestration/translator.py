@@ -20,6 +20,7 @@ import dagster as dg
 
 from octo_platform.logical.lineage import column_lineage
 from octo_platform.logical.plan import explain as explain_logical
+from octo_platform.frontend.definitions import SinkDef
 from octo_platform.project import CompiledTable, Project
 
 __all__ = ["OctoTranslator", "UNKNOWN_TYPE", "DEFAULT_GROUP"]
@@ -30,7 +31,8 @@ DEFAULT_GROUP = "default"
 
 class OctoTranslator:
     """Asset key, group, deps, description, metadata, code version and partitions of each
-    ``CREATE SOURCE`` (an external asset) and ``CREATE STREAMING TABLE`` (an asset)."""
+    ``CREATE SOURCE`` (an external asset), ``CREATE STREAMING TABLE`` and ``CREATE SINK``
+    (assets; a sink downstream of its table)."""
 
     def get_asset_key(self, name: str) -> dg.AssetKey:
         """The key of a source or streaming table (default: its name)."""
@@ -48,6 +50,22 @@ class OctoTranslator:
 
     def get_table_group_name(self, table: CompiledTable) -> str:
         return self.get_group_name(table.group)
+
+    def get_sink_group_name(self, project: Project, sink: SinkDef) -> str:
+        """A sink's group: its table's."""
+        return self.get_table_group_name(project.table(sink.table))
+
+    def get_sink_description(self, project: Project, sink: SinkDef) -> str:
+        return _description(project, sink.file, f"CREATE SINK {sink.name} FROM {sink.table}"
+                            f"{_with(sink.shown_options)}")
+
+    def get_sink_metadata(self, sink: SinkDef) -> dict[str, Any]:
+        """Table, target topic, format, tombstones, other options (secrets hidden)."""
+        extra = {k: v for k, v in sink.shown_options.items()
+                 if k not in ("connector", "bootstrap_servers", "topic", "format", "tombstones")}
+        return {"table": sink.table, "target": sink.target, "format": sink.options["format"],
+                "tombstones": sink.tombstones, "sql_file": sink.file,
+                **({"options": extra} if extra else {})}
 
     def get_deps(self, table: CompiledTable) -> list[dg.AssetKey]:
         """The sources and streaming tables the table's SQL reads (views looked through)."""

@@ -38,12 +38,12 @@ from octo_platform.project import Project, load_project
 from octo_platform.runtime.layout import Layout
 from octo_platform.runtime.options import RunOptions
 from octo_platform.runtime.pipeline import BatchStats, Pipeline
-from octo_platform.runtime.sinks import SinkStats
+from octo_platform.runtime.sinks import SinkRunner, SinkStats
 
 if TYPE_CHECKING:
     from pyspark.sql import DataFrame, SparkSession
 
-__all__ = ["run_tables", "RunReport", "lock_tables", "open_project"]
+__all__ = ["run_tables", "publish_sink", "RunReport", "lock_tables", "open_project"]
 
 
 @dataclass
@@ -419,6 +419,19 @@ def run_tables(
         else:
             _run_continuously(queries, interval, deadline, options.progress)
     return report
+
+
+def publish_sink(spark: SparkSession, project: str | Path | Project, name: str, *,
+                 options: RunOptions) -> tuple[list[SinkStats], int | None]:
+    """Publish what sink ``name``'s table has committed and the sink has not (its table's
+    runs do this after each batch; this catches up without running the table), holding the
+    table's lock. The sink batches published, and the changelog versions still unpublished
+    (0, or None when the table has no changelog yet)."""
+    proj, layout = open_project(project, options)
+    sink = proj.sink(name)
+    with lock_tables(layout, [sink.table]):
+        runner = SinkRunner(spark, proj, sink, layout, options.env, progress=options.progress)
+        return runner.catch_up(), runner.lag()
 
 
 def _pipeline_factory(spark: SparkSession, proj: Project, table, layout: Layout,
