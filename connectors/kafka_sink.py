@@ -61,9 +61,9 @@ class KafkaSink(KafkaTopic):
 def publish(sink: KafkaSink, events: DataFrame, *, starts: dict[int, int],
             resume: bool) -> dict[str, int]:
     """Publish ``events`` (the changelog's columns plus ``_seq``) to the sink's topic, whose
-    partitions and their offsets before the first attempt are ``starts``. Counts of
-    ``published`` and ``present`` (found already published by an interrupted attempt)
-    messages, per op and in all."""
+    partitions and their offsets before the first attempt are ``starts``. Counts of messages
+    per op (and ``tombstone``), and of those ``published`` now and ``present`` (published by
+    an interrupted attempt) in all."""
     partitions = len(starts)
     key = ", ".join(f"'{k}', coalesce(after.{quote(k)}, before.{quote(k)})" for k in sink.key)
     nulls = "map('ignoreNullFields', 'false')"  # a NULL field is written as null
@@ -92,13 +92,14 @@ def _publisher(sink: KafkaSink, starts: dict[int, int], resume: bool):
     and yielding counts per op. Runs on executors."""
     config, topic, where = sink.producer_config(), sink.topic, sink.where()
     reader = sink.config(**{"group.id": f"octo-sink-{sink.name}", "enable.auto.commit": False,
-                            "enable.partition.eof": True, "auto.offset.reset": "earliest"})
+                            "enable.partition.eof": True, "auto.offset.reset": "earliest",
+                            "fetch.wait.max.ms": 10})  # the end is what it waits for
     tombstones = sink.tombstones
     flush_s = int(config["message.timeout.ms"]) / 1000 + 30
 
     def run(batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
         import pyarrow as pa
-        from confluent_kafka import KafkaException, Producer
+        from confluent_kafka import KafkaException
 
         failures: list[str] = []
 
@@ -106,7 +107,7 @@ def _publisher(sink: KafkaSink, starts: dict[int, int], resume: bool):
             if err is not None:
                 failures.append(err.str())
 
-        producer = Producer(config)
+        producer = _producer(config)
         present: dict[int, set[tuple[int, int, bool]]] = {}
         counts: dict[str, list[int]] = {}
         try:
@@ -117,11 +118,11 @@ def _publisher(sink: KafkaSink, starts: dict[int, int], resume: bool):
                     if resume and part not in present:
                         present[part] = _published(reader, topic, part, starts[part], where)
                     done = present.get(part, ())
-                    count = counts.setdefault(op, [0, 0])
                     messages = [(value, False)]
                     if tombstones and op == "d":
                         messages.append((None, True))
                     for payload, tomb in messages:
+                        count = counts.setdefault("tombstone" if tomb else op, [0, 0])
                         if (batch, seq, tomb) in done:
                             count[1] += 1
                             continue
@@ -136,7 +137,10 @@ def _publisher(sink: KafkaSink, starts: dict[int, int], resume: bool):
                     break
             left = producer.flush(flush_s)
         except KafkaException as e:
+            _PRODUCERS.clear()
             raise RunError(f"{where}: {e.args[0].str() if e.args else e}") from None
+        if failures or left:
+            _PRODUCERS.clear()  # the next attempt starts afresh
         if failures:
             raise RunError(f"{where}: {len(failures)} message(s) not delivered: {failures[0]}")
         if left:
@@ -147,6 +151,20 @@ def _publisher(sink: KafkaSink, starts: dict[int, int], resume: bool):
                                           "present": [counts[o][1] for o in ops]})
 
     return run
+
+
+_PRODUCERS: dict[str, Any] = {}  # per Python worker (Spark reuses them): config -> producer
+
+
+def _producer(config: dict[str, Any]) -> Any:
+    """A producer for ``config``, kept for the worker's next tasks: an idempotent producer
+    spends ~0.5 s getting its producer id, which a small batch should not pay each time."""
+    from confluent_kafka import Producer
+
+    key = repr(sorted(config.items()))
+    if key not in _PRODUCERS:
+        _PRODUCERS[key] = Producer(config)
+    return _PRODUCERS[key]
 
 
 def _produce(producer: Any, topic: str, key: str | None, value: str | None, partition: int,

@@ -20,8 +20,8 @@ from deltalake import DeltaTable
 
 from octo_platform.frontend.parser import SourceStmt, TableStmt, ViewStmt, parse_sql
 
-__all__ = ["norm", "replay", "batch_result", "check_changelog", "check_tables", "RandomInput",
-           "write_lines"]
+__all__ = ["norm", "replay", "batch_result", "check_changelog", "check_tables", "check_sink",
+           "RandomInput", "write_lines"]
 
 
 def norm(value: Any) -> Any:
@@ -116,6 +116,56 @@ def check_tables(spark, warehouse: str | Path, sql_text: str,
         assert got == expected, f"round {round_no}, {name}: replay != batch SQL"
         assert current(warehouse, name) == got, f"{name}: current != replay"
         check_changelog(warehouse, name, pk=pk)
+
+
+def check_sink(messages: list[dict], warehouse: Path, table: str, key: tuple[str, ...],
+               tombstones: bool) -> None:
+    """The topic holds every change event of ``table`` exactly once (by its identity: batch,
+    seq, tombstone), each key's events in batch order, and replayed by key it equals the
+    table's replayed changelog."""
+    ids = Counter((m["headers"]["octo.batch"], m["headers"]["octo.seq"],
+                   "octo.tombstone" in m["headers"]) for m in messages)
+    twice = [i for i, n in ids.items() if n > 1]
+    assert not twice, f"{table}: published more than once: {twice[:5]}"
+    events = [m for m in messages if m["value"] is not None]
+    got = Counter((json.loads(m["value"])["source"]["batch_id"], json.loads(m["value"])["op"],
+                   norm(json.loads(m["value"])["before"]), norm(json.loads(m["value"])["after"]))
+                  for m in events)
+    want = Counter((e["source"]["batch_id"], e["op"], norm(e["before"]), norm(e["after"]))
+                   for e in changelog_events(warehouse, table))
+    assert got == want, f"{table}: the topic's events differ from the changelog"
+    last: dict = {}  # per key (and partition): the last (batch, seq) seen
+    alive: dict = {}  # replay by key
+    rows: Counter = Counter()  # replay of a keyless table
+    for m in messages:
+        value = json.loads(m["value"]) if m["value"] is not None else None
+        at = (int(m["headers"]["octo.batch"]), int(m["headers"]["octo.seq"]),
+              m["value"] is None)
+        if key:
+            assert m["key"] is not None
+            k = (m["partition"], m["key"])
+            assert last.get(k, (-1, -1, True)) < at, f"{table}: key {m['key']} out of order"
+            last[k] = at
+            if value is None:
+                assert tombstones and alive.get(m["key"], "gone") is None, \
+                    f"{table}: a tombstone that does not follow a delete"
+                alive.pop(m["key"])
+                continue
+            assert json.loads(m["key"]) == {c: (value["after"] or value["before"])[c]
+                                            for c in key}
+            assert value["source"]["table"] == table and value["ts_ms"] > 0
+            alive[m["key"]] = value["after"]
+        else:
+            assert m["key"] is None and value is not None
+            if value["before"] is not None:
+                rows[norm(value["before"])] -= 1
+            if value["after"] is not None:
+                rows[norm(value["after"])] += 1
+    if key:
+        deletes_left = [k for k, v in alive.items() if v is None]
+        assert not tombstones or not deletes_left, f"{table}: a delete without its tombstone"
+        rows = Counter(norm(v) for v in alive.values() if v is not None)
+    assert +rows == replay(warehouse, table), f"{table}: the topic replayed != the table"
 
 
 def write_lines(directory: Path, name: str, lines: list[str]) -> Path:

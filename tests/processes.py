@@ -15,9 +15,9 @@ import signal
 import subprocess
 import time
 from pathlib import Path
-from typing import Sequence
+from typing import Callable, Sequence
 
-__all__ = ["start_session", "session_pids", "stop_session"]
+__all__ = ["start_session", "session_pids", "stop_session", "run_killing"]
 
 
 def _stat(pid: int) -> tuple[str, int, int] | None:
@@ -107,3 +107,30 @@ def stop_session(proc: subprocess.Popen, *, grace: float = 30.0,
         pass
     report["survivors"] = sorted(session_pids(proc.pid, seen))
     return report
+
+
+def run_killing(cmd: Sequence[str], log: Path, *, until: Callable[[subprocess.Popen], None],
+                kills: int, attempts: int, env: dict[str, str] | None = None) -> int:
+    """Run ``cmd`` (its output appended to ``log``) again and again: the first ``kills``
+    runs still alive once ``until(proc)`` returns are SIGKILLed with their whole process
+    group (the JVM and Python workers too); the run after them must exit 0. Returns the
+    number of runs killed."""
+    killed = 0
+    for _attempt in range(attempts):
+        with open(log, "ab") as out:  # a file, not a pipe: a full pipe would stall the run
+            proc = subprocess.Popen(list(cmd), env=env, start_new_session=True, stdout=out,
+                                    stderr=subprocess.STDOUT)
+        try:
+            until(proc)
+            if proc.poll() is None and killed < kills:
+                os.killpg(proc.pid, signal.SIGKILL)
+                proc.wait()
+                killed += 1
+                continue
+            proc.wait(timeout=600)
+        finally:
+            if proc.poll() is None:
+                os.killpg(proc.pid, signal.SIGKILL)
+        assert proc.returncode == 0, log.read_text()[-5000:]
+        return killed
+    raise AssertionError(f"{attempts} runs and none finished: {log.read_text()[-3000:]}")

@@ -6,7 +6,6 @@ from __future__ import annotations
 import os
 import random
 import shutil
-import signal
 import subprocess
 import sys
 import time
@@ -18,6 +17,7 @@ from deltalake import DeltaTable
 from octo_platform.runtime.runner import run_tables
 from octo_platform.wiring import default_options
 from tests.oracle import RandomInput, batch_result, current, norm, replay, write_lines
+from tests.processes import run_killing
 
 SQL = """
 CREATE SOURCE src ({ddl}) WITH (connector = 'files', path = 'data/src', format = '{fmt}',
@@ -66,27 +66,13 @@ def test_sigkill_at_random_moments_loses_and_doubles_nothing(spark, tmp_path):
     env = {**os.environ, "PYSPARK_PYTHON": sys.executable}
     cmd = [sys.executable, "-m", "octo_platform.cli", "run", "--all", "--until-idle",
            "--project", str(crashed)]
-    kills = 0
-    log = tmp_path / "runs.log"
-    for _attempt in range(5):
-        with open(log, "ab") as out:  # a file, not a pipe: a full pipe would stall the run
-            proc = subprocess.Popen(cmd, env=env, start_new_session=True, stdout=out,
-                                    stderr=subprocess.STDOUT)
-        try:
-            deadline = time.monotonic() + rng.uniform(9, 20)
-            while time.monotonic() < deadline and proc.poll() is None:
-                time.sleep(0.2)
-            if proc.poll() is None and kills < 3:
-                os.killpg(proc.pid, signal.SIGKILL)  # the JVM and Python workers too
-                proc.wait()
-                kills += 1
-                continue
-            proc.wait(timeout=600)
-        finally:
-            if proc.poll() is None:
-                os.killpg(proc.pid, signal.SIGKILL)
-        assert proc.returncode == 0, log.read_text()[-5000:]
-        break
+
+    def until(proc: subprocess.Popen) -> None:
+        deadline = time.monotonic() + rng.uniform(9, 20)
+        while time.monotonic() < deadline and proc.poll() is None:
+            time.sleep(0.2)
+
+    kills = run_killing(cmd, tmp_path / "runs.log", until=until, kills=3, attempts=5, env=env)
     assert kills >= 2, "the test must actually kill runs mid-way"
 
     for table in TABLES:

@@ -177,26 +177,30 @@ def test_offsets_deleted_before_they_were_read_fail_or_are_skipped(tmp_path):
 
 
 def test_runs_killed_mid_way_read_each_offset_once(spark, tmp_path):
-    """SIGKILLed runs resume from the logged offset ranges: the replayed changelog equals
-    the batch query over every message, so nothing was lost or read twice."""
-    import os
-    import signal
+    """SIGKILLed runs (some while a sink publishes) resume from the logged offset ranges:
+    the replayed changelog equals the batch query over every message, so nothing was lost
+    or read twice; the sink's topic holds each change event once, in order per key."""
     import subprocess
     import sys
     import time
 
-    from tests.oracle import batch_result, check_changelog, current, replay
+    from tests.kafka_broker import read_topic
+    from tests.oracle import batch_result, check_changelog, check_sink, current, replay
+    from tests.processes import run_killing
 
     rng = random.Random(11)
     with tansu() as address:
         create_topic(address, "cdc", 3)
+        create_topic(address, "per_k", 3)
         src = RandomInput(5, True)
         sql = (f"CREATE SOURCE src ({src.ddl()}) WITH (connector = 'kafka', bootstrap_servers "
                f"= '{address}', topic = 'cdc', format = 'debezium-json', primary_key = 'id', "
                "max_records_per_batch = '20');\n"
                "CREATE STREAMING TABLE per_k AS SELECT k, COUNT(*) AS n, SUM(v) AS s "
                "FROM src GROUP BY k;\n"
-               "CREATE STREAMING TABLE rows AS SELECT id, k, v FROM src WHERE v > 10;")
+               "CREATE STREAMING TABLE rows AS SELECT id, k, v FROM src WHERE v > 10;\n"
+               f"CREATE SINK per_k_out FROM per_k WITH (connector = 'kafka', bootstrap_servers "
+               f"= '{address}', topic = 'per_k', tombstones = 'true');")
         (tmp_path / "sql").mkdir()
         (tmp_path / "sql" / "t.sql").write_text(sql)
         producer = Producer(address)
@@ -205,35 +209,25 @@ def test_runs_killed_mid_way_read_each_offset_once(spark, tmp_path):
             producer.send("cdc", rid % 3, line, key=str(rid))
         cmd = [sys.executable, "-m", "octo_platform.cli", "run", "--all", "--until-idle",
                "--project", str(tmp_path)]
-        kills = 0
-        for attempt in range(4):
-            log = tmp_path / f"run{attempt}.log"
-            with open(log, "ab") as out:
-                proc = subprocess.Popen(cmd, start_new_session=True, stdout=out,
-                                        stderr=subprocess.STDOUT)
-            try:
-                # killed at a random moment after the run's first committed batch
-                deadline = time.monotonic() + 120
-                while "] batch " not in log.read_text() and proc.poll() is None \
-                        and time.monotonic() < deadline:
-                    time.sleep(0.1)
-                time.sleep(rng.uniform(0, 3))
-                if proc.poll() is None and kills < 2:
-                    os.killpg(proc.pid, signal.SIGKILL)  # the JVM and Python workers too
-                    proc.wait()
-                    kills += 1
-                    continue
-                proc.wait(timeout=600)
-            finally:
-                if proc.poll() is None:
-                    os.killpg(proc.pid, signal.SIGKILL)
-            assert proc.returncode == 0, log.read_text()[-5000:]
-            break
+        log = tmp_path / "runs.log"
+        log.touch()
+
+        def until(proc: subprocess.Popen) -> None:
+            """A random moment after the run's first committed batch (its sinks publish
+            right after it)."""
+            before = log.read_text().count("] batch ")
+            deadline = time.monotonic() + 120
+            while log.read_text().count("] batch ") == before and proc.poll() is None \
+                    and time.monotonic() < deadline:
+                time.sleep(0.05)
+            time.sleep(rng.uniform(0, 2))
+
+        kills = run_killing(cmd, log, until=until, kills=2, attempts=4)
         assert kills == 2, "the test must actually kill runs mid-way"
-        assert all("] batch " in (tmp_path / f"run{i}.log").read_text() for i in range(2))
         warehouse = tmp_path / "warehouse"
-        for table, pk in (("per_k", True), ("rows", True)):
+        for table in ("per_k", "rows"):
             got = replay(warehouse, table)
             assert got == batch_result(spark, sql, {"src": src.relation()}, table), table
             assert current(warehouse, table) == got
-            check_changelog(warehouse, table, pk=pk)
+            check_changelog(warehouse, table, pk=True)
+        check_sink(read_topic(address, "per_k"), warehouse, "per_k", ("k",), tombstones=True)

@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import json
 import random
-from collections import Counter
 from pathlib import Path
 
 from octo_platform.errors import OctoError
@@ -14,7 +13,7 @@ from octo_platform.runtime.runner import run_tables
 from octo_platform.runtime.sinks import SinkRunner
 from octo_platform.wiring import default_options
 from tests.kafka_broker import Producer, create_topic, read_topic, tansu
-from tests.oracle import RandomInput, changelog_events, check_tables, norm, replay
+from tests.oracle import RandomInput, check_sink, check_tables
 
 TABLES = {
     "per_g": "SELECT g, COUNT(*) AS n, SUM(v) AS total FROM accounts GROUP BY g",
@@ -46,56 +45,6 @@ def _send(producer: Producer, source: RandomInput, n: int) -> None:
         event = event.get("payload", event)
         rid = (event["after"] or event["before"])["id"]
         producer.send("cdc", rid % 3, line, key=str(rid))
-
-
-def check_sink(messages: list[dict], warehouse: Path, table: str, key: tuple[str, ...],
-               tombstones: bool) -> None:
-    """The topic holds every change event of ``table`` exactly once (by its identity: batch,
-    seq, tombstone), each key's events in batch order, and replayed by key it equals the
-    table's replayed changelog."""
-    ids = Counter((m["headers"]["octo.batch"], m["headers"]["octo.seq"],
-                   "octo.tombstone" in m["headers"]) for m in messages)
-    twice = [i for i, n in ids.items() if n > 1]
-    assert not twice, f"{table}: published more than once: {twice[:5]}"
-    events = [m for m in messages if m["value"] is not None]
-    got = Counter((json.loads(m["value"])["source"]["batch_id"], json.loads(m["value"])["op"],
-                   norm(json.loads(m["value"])["before"]), norm(json.loads(m["value"])["after"]))
-                  for m in events)
-    want = Counter((e["source"]["batch_id"], e["op"], norm(e["before"]), norm(e["after"]))
-                   for e in changelog_events(warehouse, table))
-    assert got == want, f"{table}: the topic's events differ from the changelog"
-    last: dict = {}  # per key (and partition): the last (batch, seq) seen
-    alive: dict = {}  # replay by key
-    rows: Counter = Counter()  # replay of a keyless table
-    for m in messages:
-        value = json.loads(m["value"]) if m["value"] is not None else None
-        at = (int(m["headers"]["octo.batch"]), int(m["headers"]["octo.seq"]),
-              m["value"] is None)
-        if key:
-            assert m["key"] is not None
-            k = (m["partition"], m["key"])
-            assert last.get(k, (-1, -1, True)) < at, f"{table}: key {m['key']} out of order"
-            last[k] = at
-            if value is None:
-                assert tombstones and alive.get(m["key"], "gone") is None, \
-                    f"{table}: a tombstone that does not follow a delete"
-                alive.pop(m["key"])
-                continue
-            assert json.loads(m["key"]) == {c: (value["after"] or value["before"])[c]
-                                            for c in key}
-            assert value["source"]["table"] == table and value["ts_ms"] > 0
-            alive[m["key"]] = value["after"]
-        else:
-            assert m["key"] is None and value is not None
-            if value["before"] is not None:
-                rows[norm(value["before"])] -= 1
-            if value["after"] is not None:
-                rows[norm(value["after"])] += 1
-    if key:
-        deletes_left = [k for k, v in alive.items() if v is None]
-        assert not tombstones or not deletes_left, f"{table}: a delete without its tombstone"
-        rows = Counter(norm(v) for v in alive.values() if v is not None)
-    assert +rows == replay(warehouse, table), f"{table}: the topic replayed != the table"
 
 
 def _check_sinks(address: str, warehouse: Path) -> None:

@@ -45,6 +45,8 @@ class SinkStats:
 
     def line(self) -> str:
         ops = " ".join(f"{op}={self.counts.get(op, 0)}" for op in ("c", "u", "d"))
+        if self.counts.get("tombstone"):
+            ops += f" tombstones={self.counts['tombstone']}"
         again = (f", {self.counts.get('present', 0)} already there (resumed)"
                  if self.resumed else "")
         first, last = self.versions
