@@ -2,6 +2,8 @@
 binary), in memory, on a free loopback port, stopped by process id."""
 from __future__ import annotations
 
+import os
+import signal
 import socket
 import subprocess
 import time
@@ -30,6 +32,7 @@ def tansu() -> Iterator[str]:
                           "--storage-engine", "memory://tansu/"],
                          stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     address = f"127.0.0.1:{port}"
+    _RUNNING[address] = proc
     try:
         deadline = time.monotonic() + 30
         admin = AdminClient({"bootstrap.servers": address})
@@ -43,7 +46,22 @@ def tansu() -> Iterator[str]:
                 time.sleep(0.2)
         yield address
     finally:
+        _RUNNING.pop(address, None)
+        os.kill(proc.pid, signal.SIGCONT)  # if paused
         stop_session(proc, grace=5, term=5)
+
+
+_RUNNING: dict[str, subprocess.Popen] = {}
+
+
+def pause(address: str) -> None:
+    """Freeze the broker at ``address`` (SIGSTOP): it keeps its data but answers nothing,
+    like a broker cut off by the network."""
+    os.kill(_RUNNING[address].pid, signal.SIGSTOP)
+
+
+def resume(address: str) -> None:
+    os.kill(_RUNNING[address].pid, signal.SIGCONT)
 
 
 def create_topic(address: str, topic: str, partitions: int) -> None:

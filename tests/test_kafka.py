@@ -71,6 +71,9 @@ def test_kafka_sources_match_batch_sql(spark, tmp_path):
                               rid % 3 if rid is not None else rng.randrange(3), line,
                               key=None if rid is None else str(rid))
             producer.send("dbserver.public.accounts", 1, None, key="1")  # a tombstone
+            producer.send("dbserver.public.accounts", 2, json.dumps(  # an unknown op
+                {"before": None, "after": {"id": 2, "k": 1}, "op": "x"}))
+            bad += 1
             for line in clicks.lines(rng.randint(5, 15)):
                 producer.send("clicks", rng.randrange(3), line)
             report = run_tables(spark, tmp_path, options=options, until_idle=True)
@@ -86,6 +89,7 @@ def test_kafka_sources_match_batch_sql(spark, tmp_path):
         assert max(b.batch for b in report.for_table("per_group")) >= 5
         dead = DeltaStore().read(str(tmp_path / "warehouse" / "_dead_letters" / "per_group"))
         assert dead is not None and dead.num_rows == bad
+        assert "unsupported op x" in dead.column("reason").to_pylist()
         for where in dead.column("source_file").to_pylist():
             topic, _, at = where.rpartition("/")
             partition, _, offset = at.partition("@")

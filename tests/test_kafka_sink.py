@@ -160,3 +160,41 @@ def test_sinks_are_dagster_assets_downstream_of_their_table(spark, tmp_path):
         messages = read_topic(address, "per_g")
         assert messages
         check_sink(messages, tmp_path / "warehouse", "per_g", ("g",), tombstones=True)
+
+
+def test_a_broker_that_goes_away_fails_the_run_and_the_next_run_resumes(spark, tmp_path,
+                                                                        monkeypatch):
+    """The broker stops answering right after a batch committed, before its sink published:
+    the run fails with a message naming the sink; once the broker is back, the next run
+    publishes that batch's events, once."""
+    import connectors.kafka as kafka
+    from tests.kafka_broker import pause, resume
+
+    monkeypatch.setattr(kafka, "WAIT_S", 3.0)
+    with tansu() as address:
+        for topic, parts in (("cdc", 3), ("per_g", 3), ("big_v", 2)):
+            create_topic(address, topic, parts)
+        _project(tmp_path, address)
+        producer, accounts = Producer(address), RandomInput(21, True)
+        warehouse = tmp_path / "warehouse"
+        _send(producer, accounts, 20)
+        run_tables(spark, tmp_path, options=default_options(progress=None), until_idle=True)
+        _send(producer, accounts, 20)
+
+        def progress(line: str) -> None:
+            if line.startswith("[per_g] batch 1:"):
+                pause(address)
+
+        try:
+            run_tables(spark, tmp_path, options=default_options(progress=progress),
+                       until_idle=True, parallel=1)
+            raise AssertionError("the run should fail")
+        except OctoError as e:
+            assert "sink 'per_g_out' (topic 'per_g'" in str(e), e
+            assert "broker not reachable" in str(e), e
+        finally:
+            resume(address)
+        report = run_tables(spark, tmp_path, options=default_options(progress=None),
+                            until_idle=True)
+        assert "per_g_out" in {s.sink for s in report.published}
+        _check_sinks(address, warehouse)
