@@ -280,9 +280,10 @@ def main(argv: list[str] | None = None) -> int:
     path = write_json(args.out / "results.json",
                       {"params": jsonable(vars(args)), "env": env, **res, "total_s": total})
     quick = ", QUICK sizes (harness check only)" if args.quick else ""
-    print(f"\nissue 11: Kafka source + sink vs files{quick}; octo {env['commit']}, spark "
-          f"{env['spark']}, local[2], load average {env['loadavg'][0]:.1f} → "
-          f"{env['loadavg_end'][0]:.1f}\n")
+    changed = env["runtime_changed_files"]
+    octo = f"octo {env['commit']}" + (f" + {changed} changed runtime files" if changed else "")
+    print(f"\nissue 11: Kafka source + sink vs files{quick}; {octo}, spark {env['spark']}, "
+          f"local[2], load average {env['loadavg'][0]:.1f} → {env['loadavg_end'][0]:.1f}\n")
     print(report(res, total))
     print(f"\nresults: {path}")
     ok = all(res["correct"].values()) and res["sink_messages"] == res["kafka"]["changelog_events"]

@@ -11,6 +11,7 @@ from octo_platform.errors import OctoError
 from octo_platform.project import load_project
 from octo_platform.runtime.runner import run_tables
 from octo_platform.runtime.sinks import SinkRunner
+from octo_platform.runtime.status import table_status
 from octo_platform.wiring import default_options
 from tests.kafka_broker import Producer, create_topic, read_topic, tansu
 from tests.oracle import RandomInput, check_sink, check_tables
@@ -194,6 +195,10 @@ def test_a_broker_that_goes_away_fails_the_run_and_the_next_run_resumes(spark, t
             assert "broker not reachable" in str(e), e
         finally:
             resume(address)
+        # the batch committed, its sink did not publish it: a backlog the sensor acts on
+        status = table_status(load_project(tmp_path), "per_g",
+                              options=default_options(progress=None))
+        assert status.last_batch == 1 and status.backlog["sink:per_g_out"] == 1
         report = run_tables(spark, tmp_path, options=default_options(progress=None),
                             until_idle=True)
         assert "per_g_out" in {s.sink for s in report.published}

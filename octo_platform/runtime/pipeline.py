@@ -188,3 +188,5 @@ class Pipeline:
             store.compact(lay.state(self.name, t), rewrite=False)
         store.compact(lay.current(self.name), rewrite=False)
         store.compact(lay.log(self.name), rewrite=True)
+        for sink in self.sinks:
+            store.compact(lay.log(sink.sink.name), rewrite=True)

@@ -23,13 +23,13 @@ from octo_platform.frontend.definitions import SinkDef
 from octo_platform.project import Project
 from octo_platform.runtime.environment import Environment
 from octo_platform.runtime.layout import Layout
-from octo_platform.runtime.offsets import BatchLog
+from octo_platform.runtime.offsets import BatchLog, Store
 from octo_platform.runtime.writes import file_batch
 
 if TYPE_CHECKING:
     from pyspark.sql import DataFrame, SparkSession
 
-__all__ = ["SinkStats", "SinkRunner", "MAX_VERSIONS"]
+__all__ = ["SinkStats", "SinkRunner", "MAX_VERSIONS", "unpublished"]
 
 MAX_VERSIONS = 50  # changelog versions a sink batch publishes at most (catch-up in steps)
 
@@ -85,15 +85,10 @@ class SinkRunner:
 
     def lag(self) -> int | None:
         """Changelog versions not yet published (None: the table has no changelog)."""
-        head = self.env.store.version(self.changelog)
-        if head is None:
-            return None
-        last = self.last_version()
-        return head - (-1 if last is None else last)
+        return _lag(self.env.store.version(self.changelog), self.last_version())
 
     def last_version(self) -> int | None:
-        payload = self.log.commit_payload(self.log.last_committed) or {}
-        return payload.get("version")
+        return _published_version(self.log)
 
     def step(self) -> SinkStats | None:
         """Publish the next sink batch (or finish a pending one); None if nothing is new."""
@@ -165,3 +160,19 @@ class SinkRunner:
             "*", "_metadata.file_name AS _file", "_metadata.row_index AS _row")
         return (rows.join(F.broadcast(offsets), "_file")
                 .selectExpr("op", "before", "after", "ts_ms", "source", "_base + _row AS _seq"))
+
+
+def unpublished(store: Store, layout: Layout, sink: SinkDef) -> int:
+    """Versions of the sink's table changelog the sink has not published (read from the
+    Delta logs only)."""
+    return _lag(store.version(layout.changelog(sink.table)),
+                _published_version(BatchLog(store, layout.log(sink.name)))) or 0
+
+
+def _published_version(log: BatchLog) -> int | None:
+    """The last changelog version a sink's log records as published."""
+    return (log.commit_payload(log.last_committed) or {}).get("version")
+
+
+def _lag(head: int | None, last: int | None) -> int | None:
+    return None if head is None else head - (-1 if last is None else last)

@@ -14,6 +14,7 @@ from octo_platform.project import Project
 from octo_platform.runtime.inputs import input_specs
 from octo_platform.runtime.offsets import BatchLog, available
 from octo_platform.runtime.options import RunOptions
+from octo_platform.runtime.sinks import unpublished
 
 if TYPE_CHECKING:
     import pyarrow as pa
@@ -27,7 +28,8 @@ class TableStatus:
 
     ``backlog`` maps each input (``source:<name>`` / ``table:<name>``) to what is waiting:
     new files for a ``files`` source, Delta versions not yet read for an upstream changelog
-    or a ``delta`` source.
+    or a ``delta`` source, records of a ``kafka`` source; and each of the table's sinks
+    (``sink:<name>``) to the changelog versions it has not published (a run publishes them).
     """
 
     table: str
@@ -69,6 +71,8 @@ def table_status(project: Project, name: str, *, options: RunOptions) -> TableSt
         else:
             to, prev = visible.get(spec.key), log.last_version(spec.key)
             backlog[spec.key] = 0 if to is None else max(0, to - (-1 if prev is None else prev))
+    for sink in project.sinks_of(tname):
+        backlog[f"sink:{sink.name}"] = unpublished(store, layout, sink)
     last = log.last_committed
     pending = log.pending()
     current = layout.current(tname)
