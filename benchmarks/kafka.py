@@ -17,10 +17,9 @@ files, and two octo projects maintain
   files   a files source (format 'json', ``max_files_per_batch = '1'``) -> Delta, no sink.
 
 Each catches up in one ``run_tables(until_idle=True)`` (``common.run_octo``), timed on the wall
-clock, start-up included: the figure is events / that time. The batches hold the same events:
-partition p of the topic holds the p-th third of the events in order, and a batch's record
-budget takes partitions in order (``runtime/offsets.kafka_ranges``), so Kafka batch i reads
-the same events as file i. Not timed: generating and producing the events (each message in a
+clock, start-up included: the figure is events / that time. The batches hold as many events
+(a Kafka batch's record budget is shared by the partitions, ``runtime/offsets.kafka_ranges``;
+partition p holds the p-th third of the events), not the same ones. Not timed: generating and producing the events (each message in a
 request of its own, since tansu reports a partition's high watermark as the first offset of its
 last record batch + 1; checked against the count sent), and a warm-up of both projects on a
 small separate input (``--no-warmup`` skips it). Checks after the runs: both current tables

@@ -158,9 +158,12 @@ def _planned(tmp_path, options: dict[str, str], marks: dict[str, list[int]],
 def test_kafka_ranges_are_planned_from_the_batch_log(tmp_path):
     marks = {"0": [0, 10], "1": [0, 4], "2": [3, 3]}
     assert _planned(tmp_path / "a", {}, marks) == {"ranges": {"0": [0, 10], "1": [0, 4]}}
-    # max_records_per_batch caps the batch across partitions, in partition order
+    # max_records_per_batch caps the batch, shared by the partitions (a partition with less
+    # waiting leaves the rest of its share to the others)
     assert _planned(tmp_path / "b", {"max_records_per_batch": "12"}, marks) == \
-        {"ranges": {"0": [0, 10], "1": [0, 2]}}
+        {"ranges": {"0": [0, 8], "1": [0, 4]}}
+    assert _planned(tmp_path / "b2", {"max_records_per_batch": "6"}, marks) == \
+        {"ranges": {"0": [0, 3], "1": [0, 3]}}
     # the next batch starts where the logged ones stopped; a new partition at its start
     assert _planned(tmp_path / "c", {}, {**marks, "3": [0, 2]},
                     [{"0": [0, 10], "1": [0, 2]}]) == {"ranges": {"1": [2, 4], "3": [0, 2]}}

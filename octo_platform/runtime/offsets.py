@@ -190,13 +190,13 @@ def kafka_ranges(spec: InputSpec, log: BatchLog, marks: dict[str, list[int]]
     logged and the partitions' watermarks ``marks`` (``{partition: [low, high]}``); None if
     there is nothing new. The first batch of a ``startup = 'latest'`` source starts at the
     high watermarks (an empty batch that logs where reading starts); a partition added later
-    starts at its beginning. Offsets deleted by retention before they were read fail the
+    starts at its beginning. ``max_records_per_batch`` is shared by the partitions
+    (``_share``). Offsets deleted by retention before they were read fail the
     batch, or with ``on_data_loss = 'skip'`` are skipped and counted (``lost``)."""
     opts = dict(spec.options)
     logged = log.kafka_offsets(spec.key)
     first_latest = not logged and opts.get("startup", "earliest") == "latest"
-    budget = int(opts.get("max_records_per_batch", KAFKA_MAX_RECORDS))
-    ranges: dict[str, list[int]] = {}
+    starts: dict[str, int] = {}
     lost = 0
     for p, (low, high) in sorted(marks.items(), key=lambda kv: int(kv[0])):
         start = high if first_latest else logged.get(p, low)
@@ -207,13 +207,28 @@ def kafka_ranges(spec: InputSpec, log: BatchLog, marks: dict[str, list[int]]
                     f"{spec.path} were deleted (retention) before they were read; set "
                     "on_data_loss = 'skip' to skip them, or reset the tables that read it")
             lost, start = lost + low - start, low
-        stop = min(high, start + budget)
-        budget -= stop - start
-        if stop > start or first_latest or lost:
-            ranges[p] = [start, stop]
+        starts[p] = start
+    take = _share(int(opts.get("max_records_per_batch", KAFKA_MAX_RECORDS)),
+                  {p: marks[p][1] - start for p, start in starts.items()})
+    ranges: dict[str, list[int]] = {}
+    for p, start in starts.items():
+        if take[p] or first_latest or lost:
+            ranges[p] = [start, start + take[p]]
     if not any(b > a for a, b in ranges.values()) and not first_latest and not lost:
         return None
     return {"ranges": ranges, **({"lost": lost} if lost else {})}
+
+
+def _share(budget: int, waiting: dict[str, int]) -> dict[str, int]:
+    """Records to take from each partition: all of them if ``budget`` allows, else the
+    budget shared evenly (a partition with less waiting leaves its share to the others), so
+    a capped batch still reads every partition in parallel."""
+    take: dict[str, int] = {}
+    order = sorted(waiting, key=lambda p: (waiting[p], int(p)))
+    for i, p in enumerate(order):
+        take[p] = min(waiting[p], budget // (len(order) - i))
+        budget -= take[p]
+    return take
 
 
 def available(specs: tuple[InputSpec, ...], *, env: Environment) -> dict[str, Any]:
