@@ -141,6 +141,21 @@ def test_missing_topic_fails_with_the_source_named(spark, tmp_path, monkeypatch)
         assert spec.kinds == {"kafka"}
 
 
+def test_an_unreachable_broker_fails_naming_the_source(tmp_path, monkeypatch):
+    import connectors.kafka as kafka
+    from connectors.tansu import free_port
+
+    monkeypatch.setattr(kafka, "WAIT_S", 2.0)
+    (tmp_path / "sql").mkdir()
+    (tmp_path / "sql" / "t.sql").write_text(
+        f"CREATE SOURCE s (id BIGINT) WITH (connector = 'kafka', bootstrap_servers = "
+        f"'127.0.0.1:{free_port()}', topic = 't', format = 'json');\n"
+        "CREATE STREAMING TABLE t AS SELECT id FROM s;")
+    with pytest.raises(OctoError, match=r"source 's' \(topic 't' at 127\.0\.0\.1:\d+\): "
+                       r"broker not reachable .* after 2s"):
+        table_status(load_project(tmp_path), "t", options=default_options(progress=None))
+
+
 def _planned(tmp_path, options: dict[str, str], marks: dict[str, list[int]],
              batches: list[dict[str, list[int]]] = ()):
     """Plan the next batch of a Kafka input whose batch log holds ``batches`` (their
