@@ -13,9 +13,10 @@ Spark task, in ``(batch_id, seq)`` order, with an idempotent producer (``acks=al
 retries neither reorder nor double them.
 
 Exactly once on any broker (``runtime/sinks.py`` drives it): a publish that may have been
-interrupted is redone with ``resume=True``; each task first reads its partitions from the
-offsets logged before the first attempt (``starts``) and skips the events whose identity is
-already there. This needs no transactions and no ``read_committed``.
+interrupted is redone with ``resume=True`` (and a task Spark retries behaves the same); each
+task first reads its partitions from the offsets logged before the first attempt
+(``starts``) and skips the events whose identity is already there. This needs no
+transactions and no ``read_committed``; it needs ``spark.speculation`` off (checked).
 """
 from __future__ import annotations
 
@@ -64,6 +65,10 @@ def publish(sink: KafkaSink, events: DataFrame, *, starts: dict[int, int],
     partitions and their offsets before the first attempt are ``starts``. Counts of messages
     per op (and ``tombstone``), and of those ``published`` now and ``present`` (published by
     an interrupted attempt) in all."""
+    spark = events.sparkSession
+    if spark.conf.get("spark.speculation", "false").lower() == "true":
+        raise RunError(f"{sink.where()}: spark.speculation is on; two attempts of a publishing "
+                       "task could both send their events. Turn it off for octo runs.")
     partitions = len(starts)
     key = ", ".join(f"'{k}', coalesce(after.{quote(k)}, before.{quote(k)})" for k in sink.key)
     nulls = "map('ignoreNullFields', 'false')"  # a NULL field is written as null
@@ -75,7 +80,7 @@ def publish(sink: KafkaSink, events: DataFrame, *, starts: dict[int, int],
     rows = events.selectExpr(f"{key_sql} AS _key", f"{value_sql} AS value", "op",
                              "source.batch_id AS batch_id", f"{SEQ} AS seq", "ts_ms")
     rows = rows.selectExpr("*", f"CAST(pmod(xxhash64({spread}), {partitions}) AS INT) AS part")
-    tasks = min(partitions, rows.sparkSession.sparkContext.defaultParallelism * 2)
+    tasks = min(partitions, spark.sparkContext.defaultParallelism * 2)
     ordered = rows.repartition(tasks, "part").sortWithinPartitions("part", "batch_id", "seq")
     got = ordered.mapInArrow(_publisher(sink, starts, resume),
                              "op STRING, published BIGINT, present BIGINT").collect()
@@ -100,7 +105,10 @@ def _publisher(sink: KafkaSink, starts: dict[int, int], resume: bool):
     def run(batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
         import pyarrow as pa
         from confluent_kafka import KafkaException
+        from pyspark import TaskContext
 
+        # Spark retries a failed task (on a cluster): its earlier attempt may have sent some.
+        again = resume or TaskContext.get().attemptNumber() > 0
         failures: list[str] = []
 
         def delivered(err: Any, _msg: Any) -> None:
@@ -115,7 +123,7 @@ def _publisher(sink: KafkaSink, starts: dict[int, int], resume: bool):
                 cols = [rb.column(n).to_pylist() for n in
                         ("_key", "value", "op", "batch_id", "seq", "ts_ms", "part")]
                 for key, value, op, batch, seq, ts, part in zip(*cols):
-                    if resume and part not in present:
+                    if again and part not in present:
                         present[part] = _published(reader, topic, part, starts[part], where)
                     done = present.get(part, ())
                     messages = [(value, False)]
