@@ -4,7 +4,7 @@ VENV   ?= .venv
 PY     := $(VENV)/bin/python
 STAMP  := $(VENV)/.installed
 
-.PHONY: install demo demo-kafka test bench bench-full bench-joins explain clean ui ui-data
+.PHONY: install demo demo-kafka test bench bench-full bench-joins bench-kafka explain clean ui ui-data
 
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -48,6 +48,10 @@ bench-full: $(STAMP)
 
 bench-joins: $(STAMP)
 	PYSPARK_PYTHON=$(abspath $(PY)) $(PY) benchmarks/nexmark_joins.py --scale small $(BENCH_ARGS)
+
+# Kafka source + sink vs files, same aggregation (issue 11; about 80 s).
+bench-kafka: $(STAMP)
+	PYSPARK_PYTHON=$(abspath $(PY)) $(PY) benchmarks/kafka.py $(BENCH_ARGS)
 
 clean:
 	rm -rf $(VENV) warehouse .pytest_cache .dagster
