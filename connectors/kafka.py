@@ -26,7 +26,8 @@ if TYPE_CHECKING:
     import pyarrow as pa
     from pyspark.sql import DataFrame, SparkSession
 
-__all__ = ["KafkaTopic", "KafkaSource", "properties", "watermarks", "read", "commit_offsets", "group_id", "WAIT_S"]
+__all__ = ["KafkaTopic", "KafkaSource", "properties", "watermarks", "read", "commit_offsets",
+           "group_id", "WAIT_S"]
 
 WAIT_S = 20.0  # how long the driver waits for a broker or a topic before failing the run
 _FETCH_TIMEOUT_S = 60.0  # an executor's wait for the records of a logged range

@@ -1,8 +1,8 @@
 """Parse octo SQL files into statements.
 
 A file holds any number of ``CREATE SOURCE``, ``CREATE STREAMING TABLE``, ``CREATE VIEW`` and
-``CREATE SINK`` statements separated by semicolons. Queries are Spark SQL, parsed with sqlglot; every error
-names the file, line and column of the offending text.
+``CREATE SINK`` statements separated by semicolons. Queries are Spark SQL, parsed with
+sqlglot; every error names the file, line and column of the offending text.
 """
 from __future__ import annotations
 
