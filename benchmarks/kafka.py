@@ -20,9 +20,9 @@ Each catches up in one ``run_tables(until_idle=True)`` (``common.run_octo``), ti
 clock, start-up included: the figure is events / that time. The batches hold as many events
 (a Kafka batch's record budget is shared by the partitions, ``runtime/offsets.kafka_ranges``;
 partition p holds the p-th third of the events), not the same ones. Not timed: generating
-and producing the events (each message in a request of its own, since tansu reports a partition's high watermark as the first offset of its
-last record batch + 1; checked against the count sent), and a warm-up of both projects on a
-small separate input (``--no-warmup`` skips it). Checks after the runs: both current tables
+and producing the events (each message in a request of its own, since tansu reports a
+partition's high watermark as the first offset of its last record batch + 1; checked against
+the count sent), and a warm-up of both projects on a small separate input (``--no-warmup`` skips it). Checks after the runs: both current tables
 equal the aggregate computed in numpy, and the sink topic holds as many messages as the
 table's changelog has events. Prints a small table (stdout; progress on stderr), everything
 to ``<out>/results.json``.
