@@ -22,10 +22,10 @@ clock, start-up included: the figure is events / that time. The batches hold as 
 partition p holds the p-th third of the events), not the same ones. Not timed: generating
 and producing the events (each message in a request of its own, since tansu reports a
 partition's high watermark as the first offset of its last record batch + 1; checked against
-the count sent), and a warm-up of both projects on a small separate input (``--no-warmup`` skips it). Checks after the runs: both current tables
-equal the aggregate computed in numpy, and the sink topic holds as many messages as the
-table's changelog has events. Prints a small table (stdout; progress on stderr), everything
-to ``<out>/results.json``.
+the count sent), and a warm-up of both projects on a small separate input (``--no-warmup``
+skips it). Checks after the runs: both current tables equal the aggregate computed in numpy,
+and the sink topic holds as many messages as the table's changelog has events. Prints a
+small table (stdout; progress on stderr), everything to ``<out>/results.json``.
 """
 from __future__ import annotations
 
