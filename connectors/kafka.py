@@ -27,7 +27,7 @@ if TYPE_CHECKING:
     from pyspark.sql import DataFrame, SparkSession
 
 __all__ = ["KafkaTopic", "KafkaSource", "properties", "watermarks", "read", "commit_offsets",
-           "group_id", "WAIT_S"]
+           "group_id", "to_end", "WAIT_S"]
 
 WAIT_S = 20.0  # how long the driver waits for a broker or a topic before failing the run
 _FETCH_TIMEOUT_S = 60.0  # an executor's wait for the records of a logged range
@@ -200,3 +200,32 @@ def _range(consumer: Any, start: Any, stop: int, where: str) -> Iterator[tuple[i
         if msg.offset() < stop:
             yield msg.offset(), msg.value()
     consumer.unassign()
+
+
+def to_end(config: dict[str, Any], topic: str, partition: int, start: int, where: str, *,
+           wait_s: float = _FETCH_TIMEOUT_S) -> Iterator[Any]:
+    """The messages of ``partition`` from offset ``start`` to its end: read until the
+    broker says end-of-partition, not to the high watermark (a broker may report that short
+    of its last record batch). ``config`` needs ``enable.partition.eof``; fails naming
+    ``where`` when nothing arrives for ``wait_s``."""
+    from confluent_kafka import Consumer, KafkaError, TopicPartition
+
+    consumer = Consumer(config)
+    try:
+        consumer.assign([TopicPartition(topic, partition, start)])
+        deadline = time.monotonic() + wait_s
+        while True:
+            msg = consumer.poll(1.0)
+            if msg is None:
+                if time.monotonic() > deadline:
+                    raise RunError(f"{where}: partition {partition} from offset {start} not "
+                                   f"readable within {wait_s:g}s")
+                continue
+            if msg.error():
+                if msg.error().code() == KafkaError._PARTITION_EOF:
+                    return
+                raise RunError(f"{where}: partition {partition}: {msg.error().str()}")
+            deadline = time.monotonic() + wait_s
+            yield msg
+    finally:
+        consumer.close()

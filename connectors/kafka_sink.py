@@ -20,11 +20,10 @@ transactions and no ``read_committed``; it needs ``spark.speculation`` off (chec
 """
 from __future__ import annotations
 
-import time
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, ClassVar, Iterator
 
-from connectors.kafka import KafkaTopic, properties
+from connectors.kafka import KafkaTopic, properties, to_end
 from octo_platform.errors import RunError
 from octo_platform.sqltext import quote
 
@@ -190,29 +189,10 @@ def _produce(producer: Any, topic: str, key: str | None, value: str | None, part
 def _published(config: dict[str, Any], topic: str, partition: int, start: int,
                where: str) -> set[tuple[int, int, bool]]:
     """Identities ``(batch, seq, tombstone)`` of the messages of ``partition`` from offset
-    ``start`` to its end (read to end-of-partition, not to the high watermark: a broker may
-    report that short of the last record batch)."""
-    from confluent_kafka import Consumer, KafkaError, TopicPartition
-
-    consumer = Consumer(config)
+    ``start`` to its end."""
     found: set[tuple[int, int, bool]] = set()
-    try:
-        consumer.assign([TopicPartition(topic, partition, start)])
-        deadline = time.monotonic() + _TAIL_WAIT_S
-        while True:
-            msg = consumer.poll(1.0)
-            if msg is None:
-                if time.monotonic() > deadline:
-                    raise RunError(f"{where}: partition {partition} from offset {start} not "
-                                   f"readable within {_TAIL_WAIT_S:g}s")
-                continue
-            if msg.error():
-                if msg.error().code() == KafkaError._PARTITION_EOF:
-                    return found
-                raise RunError(f"{where}: partition {partition}: {msg.error().str()}")
-            deadline = time.monotonic() + _TAIL_WAIT_S
-            h = dict(msg.headers() or ())
-            if "octo.batch" in h and "octo.seq" in h:
-                found.add((int(h["octo.batch"]), int(h["octo.seq"]), "octo.tombstone" in h))
-    finally:
-        consumer.close()
+    for msg in to_end(config, topic, partition, start, where, wait_s=_TAIL_WAIT_S):
+        h = dict(msg.headers() or ())
+        if "octo.batch" in h and "octo.seq" in h:
+            found.add((int(h["octo.batch"]), int(h["octo.seq"]), "octo.tombstone" in h))
+    return found

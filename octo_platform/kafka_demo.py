@@ -35,6 +35,7 @@ WITH (connector = 'kafka', bootstrap_servers = '{address}', topic = 'accounts_by
 """
 REGIONS = ("eu", "us", "apac", "latam")
 SHOWN_MESSAGES = 6
+PARTITIONS = 3  # of both topics
 
 
 def run_kafka_demo(*, directory: str | None = None, rounds: int = 3) -> None:
@@ -54,8 +55,8 @@ def run_kafka_demo(*, directory: str | None = None, rounds: int = 3) -> None:
     started = time.monotonic()
     print("starting a local Kafka broker (tansu) ...", flush=True)
     with local_broker() as address:
-        create_topic(address, "dbserver.public.accounts", 3)
-        create_topic(address, "accounts_by_region", 3)
+        create_topic(address, "dbserver.public.accounts", PARTITIONS)
+        create_topic(address, "accounts_by_region", PARTITIONS)
         (root / "sql").mkdir(parents=True)
         (root / "sql" / "accounts.sql").write_text(SQL.format(address=address))
         project = load_project(root)
@@ -89,8 +90,9 @@ def run_kafka_demo(*, directory: str | None = None, rounds: int = 3) -> None:
                               for r in table.to_pylist())
                 print("\naccounts_by_region:\n" + _grid(["region", "accounts", "balance"],
                                                         rows))
-            print(f"\nnewest messages of topic accounts_by_region (key -> value):")
-            for key, value in _newest(address, "accounts_by_region", SHOWN_MESSAGES):
+            print("\nnewest messages of topic accounts_by_region (key -> value):")
+            for key, value in _newest(address, "accounts_by_region", PARTITIONS,
+                                      SHOWN_MESSAGES):
                 print(f"  {key} -> {value}")
     print(f"\ndone in {time.monotonic() - started:.0f}s (the broker kept its topics in memory "
           "and is gone; the warehouse stays)\n"
@@ -124,25 +126,17 @@ def _changes(rng: random.Random, accounts: dict[int, dict[str, Any]], n: int
     return out
 
 
-def _newest(address: str, topic: str, n: int) -> list[tuple[str | None, str | None]]:
-    """The last ``n`` messages of ``topic`` (by offset, over its partitions)."""
-    from confluent_kafka import Consumer, KafkaError, TopicPartition
+def _newest(address: str, topic: str, partitions: int, n: int
+            ) -> list[tuple[str | None, str | None]]:
+    """The last ``n`` messages of ``topic`` (by timestamp, over its partitions)."""
+    from connectors.kafka import to_end
 
-    consumer = Consumer({"bootstrap.servers": address, "group.id": "octo-demo",
-                         "enable.auto.commit": False, "enable.partition.eof": True,
-                         "fetch.wait.max.ms": 10})
-    found: list[tuple[int, str | None, str | None]] = []
-    try:
-        for p in sorted(consumer.list_topics(topic, timeout=10).topics[topic].partitions):
-            consumer.assign([TopicPartition(topic, p, 0)])
-            while (msg := consumer.poll(5.0)) is not None:
-                if msg.error():
-                    if msg.error().code() == KafkaError._PARTITION_EOF:
-                        break
-                    raise OctoError(f"reading {topic}: {msg.error().str()}")
-                found.append((msg.timestamp()[1], _text(msg.key()), _text(msg.value())))
-    finally:
-        consumer.close()
+    config = {"bootstrap.servers": address, "group.id": "octo-demo",
+              "enable.auto.commit": False, "enable.partition.eof": True,
+              "fetch.wait.max.ms": 10}
+    found = [(msg.timestamp()[1], _text(msg.key()), _text(msg.value()))
+             for p in range(partitions)
+             for msg in to_end(config, topic, p, 0, f"topic {topic!r}", wait_s=10)]
     return [(k, v) for _, k, v in sorted(found, key=lambda f: f[0])[-n:]]
 
 

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TypeVar
 
 from octo_platform.errors import CatalogError, OctoError
 from octo_platform.frontend.binder import Catalog, build_catalog
@@ -45,18 +46,10 @@ class Project:
         self.sinks: dict[str, SinkDef] = {s.name.lower(): s for s in catalog.sinks()}
 
     def table(self, name: str) -> CompiledTable:
-        try:
-            return self.tables[name.lower()]
-        except KeyError:
-            known = ", ".join(sorted(t.name for t in self.tables.values())) or "none"
-            raise CatalogError(f"unknown streaming table {name!r} (known: {known})") from None
+        return _find(self.tables, name, "streaming table")
 
     def sink(self, name: str) -> SinkDef:
-        try:
-            return self.sinks[name.lower()]
-        except KeyError:
-            known = ", ".join(sorted(s.name for s in self.sinks.values())) or "none"
-            raise CatalogError(f"unknown sink {name!r} (known: {known})") from None
+        return _find(self.sinks, name, "sink")
 
     def sinks_of(self, table: str) -> list[SinkDef]:
         """The sinks publishing ``table``'s changelog, by name."""
@@ -101,6 +94,18 @@ class Project:
                  f"{', tombstones' if s.tombstones else ''}), published after each batch"
                  for s in self.sinks_of(t.name)]
         return text + (f"\n\n== Sinks of {t.name} ==\n" + "\n".join(sinks) if sinks else "")
+
+
+T = TypeVar("T", CompiledTable, SinkDef)
+
+
+def _find(items: dict[str, T], name: str, what: str) -> T:
+    """``items[name]`` by case-insensitive name, or an error listing the known names."""
+    try:
+        return items[name.lower()]
+    except KeyError:
+        known = ", ".join(sorted(i.name for i in items.values())) or "none"
+        raise CatalogError(f"unknown {what} {name!r} (known: {known})") from None
 
 
 def load_project(root: str | Path, *, sql_dir: str = "sql") -> Project:

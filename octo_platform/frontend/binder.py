@@ -27,6 +27,7 @@ class Catalog:
         self.sources: dict[str, SourceDef] = {}
         self.views: dict[str, ViewStmt] = {}
         self._sink_stmts: dict[str, SinkStmt] = {}
+        self._sinks: list[SinkDef] | None = None
         self._table_stmts: dict[str, TableStmt] = {}
         self._tables: dict[str, TableDef] = {}
         self._binding: list[str] = []
@@ -77,7 +78,12 @@ class Catalog:
         return [self.table(n) for n in self.table_names]
 
     def sinks(self) -> list[SinkDef]:
-        """Every ``CREATE SINK``, its table checked to be a streaming table."""
+        """Every ``CREATE SINK``, its table checked to be a streaming table (bound once)."""
+        if self._sinks is None:
+            self._sinks = self._bind_sinks()
+        return self._sinks
+
+    def _bind_sinks(self) -> list[SinkDef]:
         out = []
         for stmt in self._sink_stmts.values():
             sink = sink_def(stmt)

@@ -1,4 +1,4 @@
-"""What binding produces: the definitions of a project's sources and streaming tables.
+"""What binding produces: the definitions of a project's sources, streaming tables and sinks.
 
 Pure data: the catalog (``binder``) builds them, the compiler and the orchestration read them.
 """
@@ -9,11 +9,31 @@ from dataclasses import dataclass, field
 from octo_platform.logical.plan import Mode, Node
 from octo_platform.partitions import Partitioning
 
-__all__ = ["SourceDef", "TableDef", "SinkDef", "redacted"]
+__all__ = ["SourceDef", "TableDef", "SinkDef"]
+
+
+class _Connected:
+    """A source or sink: ``options`` (its ``WITH``) name its connector."""
+
+    options: dict[str, str]
+
+    @property
+    def connector(self) -> str:
+        return self.options.get("connector", "")
+
+    @property
+    def shown_options(self) -> dict[str, str]:
+        """The options as they may be shown: a secret's value (a ``kafka.`` property named
+        like a password, secret, key, token or JAAS config) replaced by ``***``."""
+        return {k: "***" if k.startswith("kafka.") and any(w in k for w in _SECRET_WORDS)
+                else v for k, v in self.options.items()}
+
+
+_SECRET_WORDS = ("password", "secret", "key", "token", "jaas", "credential")
 
 
 @dataclass(frozen=True)
-class SourceDef:
+class SourceDef(_Connected):
     """A bound ``CREATE SOURCE``."""
 
     name: str
@@ -25,26 +45,8 @@ class SourceDef:
     file: str = ""
 
     @property
-    def connector(self) -> str:
-        return self.options.get("connector", "")
-
-    @property
     def format(self) -> str:
         return self.options.get("format", "")
-
-    @property
-    def shown_options(self) -> dict[str, str]:
-        return redacted(self.options)
-
-
-def redacted(options: dict[str, str]) -> dict[str, str]:
-    """``options`` as they may be shown: a secret's value (a ``kafka.`` property named like
-    a password, secret, key, token or JAAS config) replaced by ``***``."""
-    return {k: "***" if k.startswith("kafka.") and any(w in k for w in _SECRET_WORDS)
-            else v for k, v in options.items()}
-
-
-_SECRET_WORDS = ("password", "secret", "key", "token", "jaas", "credential")
 
 
 @dataclass(frozen=True)
@@ -66,7 +68,7 @@ class TableDef:
 
 
 @dataclass(frozen=True)
-class SinkDef:
+class SinkDef(_Connected):
     """A bound ``CREATE SINK``: where a streaming table's changelog is published."""
 
     name: str
@@ -75,16 +77,8 @@ class SinkDef:
     file: str = ""
 
     @property
-    def connector(self) -> str:
-        return self.options.get("connector", "")
-
-    @property
     def tombstones(self) -> bool:
         return self.options.get("tombstones", "false") == "true"
-
-    @property
-    def shown_options(self) -> dict[str, str]:
-        return redacted(self.options)
 
     @property
     def target(self) -> str:
