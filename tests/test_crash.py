@@ -87,8 +87,9 @@ def test_sigkill_at_random_moments_loses_and_doubles_nothing(spark, tmp_path):
 
 
 def test_a_stalled_query_is_restarted_and_resumes_exactly_once(spark, tmp_path, monkeypatch):
-    """The runner's watchdog: a catch-up query Spark stops driving is replaced by a new one,
-    which resumes from the batch log (the stall is simulated after the first batch)."""
+    """The runner's watchdog: a table's catch-up that stops making progress is replaced by a
+    new one, which resumes from the batch log (the stall is simulated after the first
+    batch)."""
     from octo_platform.runtime import runner
 
     src = RandomInput(5, debezium=True)
@@ -107,7 +108,7 @@ def test_a_stalled_query_is_restarted_and_resumes_exactly_once(spark, tmp_path, 
     monkeypatch.setattr(runner._Query, "stalled", stalled)
     said: list[str] = []
     run_tables(spark, tmp_path, options=default_options(progress=said.append), until_idle=True)
-    assert len(stalls) == 1 and any("restarting its streaming query" in m for m in said)
+    assert len(stalls) == 1 and any("restarting it (it resumes exactly once)" in m for m in said)
     sql = (tmp_path / "sql" / "t.sql").read_text()
     for table in TABLES:
         assert replay(tmp_path / "warehouse", table) == \

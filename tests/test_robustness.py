@@ -241,10 +241,10 @@ def test_an_oracle_run_on_a_saturated_cpu_is_exactly_once(spark, tmp_path, cpu_h
 def test_killed_python_workers_are_replaced_and_the_run_is_exactly_once(spark, tmp_path,
                                                                         monkeypatch):
     """Right after the first batch of ``per_k`` commits, every Python process Spark runs for
-    the session is SIGKILLed: the queries' source runners, the daemons that fork task workers
-    and data-source planners, their workers. Queries that lose their runner die and are
-    replaced; a daemon's next use fails once (a query start, a batch's job) and is retried.
-    The run finishes and every batch is committed exactly once."""
+    the session is SIGKILLed: the daemons that fork task workers and their workers. A daemon's
+    next use fails once (a batch's job) and the batch is retried in the run. The run finishes
+    and every batch is committed exactly once. (A catch-up run starts no streaming query;
+    a continuous query whose source runner dies: see the last test.)"""
     monkeypatch.setattr(runner, "RETRY_BASE_S", 0.5)
     src, sql = make_project(tmp_path, 4, seed=21)
     killed: list[str] = []
@@ -260,9 +260,8 @@ def test_killed_python_workers_are_replaced_and_the_run_is_exactly_once(spark, t
                             until_idle=True)
     finally:
         heal(spark)
-    assert RUNNER_MODULE in killed, f"the fault must fire: killed {killed}"
-    restarts = [m for m in report.retries if m.startswith("[per_k] streaming query failed")]
-    assert restarts and "restarting it in 0.5s (restart 1 of 5" in restarts[0], report.retries
+    assert any("pyspark.worker" in k for k in killed), f"the fault must fire: killed {killed}"
+    assert any("retrying in 0.5s (attempt 2 of 4)" in m for m in report.retries), report.retries
     assert report.retries == [m for m in said if "restarting" in m or "retrying" in m]
     check(spark, tmp_path, src, sql)
     assert batch_ids(tmp_path, "per_k") == [0, 1, 2, 3]

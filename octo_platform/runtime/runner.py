@@ -1,14 +1,16 @@
-"""Run streaming tables as Spark Structured Streaming queries (``readStream ▶ foreachBatch``).
+"""Run streaming tables: each table's micro-batches, exactly once (``Pipeline.run_batch``).
 
-``until_idle=True`` (catch-up, ``availableNow``): each table processes everything
-available; a table starts once its upstream tables of the run are done (so it sees their
-output of the same run), and up to ``parallel`` tables run at once. A table with no pending
-batch and no new input starts no streaming query at all (a no-op run of 3 tables: 3.1 s ->
-0.07 s). Otherwise all tables
-run concurrently until Ctrl-C or ``deadline``; stopping waits for the batch in flight, and
-an interrupted batch is redone exactly once next time. A catch-up query that Spark stops
-driving (no batch started for ``STALL_S``) is replaced by a fresh one, which resumes from the
-batch log.
+``until_idle=True`` (catch-up): each table processes everything available when it starts,
+its batches run one after another by a driver thread (``_Loop``: what an ``availableNow``
+streaming query would do, without a query's start-up and per-trigger cost); a table starts
+once its upstream tables of the run are done (so it sees their output of the same run), and
+up to ``parallel`` tables run at once. A table with no pending batch and no new input starts
+nothing (a no-op run of 3 tables: 3.1 s -> 0.07 s). A catch-up that stops making progress (no
+batch started for ``STALL_S``) is replaced by a fresh one, which resumes from the batch log.
+Otherwise (continuous) every table is a Spark Structured Streaming query (``readStream ▶
+foreachBatch`` over the ``octo_batches`` source, a processing-time trigger), all running
+concurrently until Ctrl-C or ``deadline``; stopping waits for the batch in flight, and an
+interrupted batch is redone exactly once next time.
 
 Transient failures of Spark's machinery (see ``transient``) are retried inside the run: a
 batch that fails is run again in its handler (``BATCH_ATTEMPTS`` tries, exponential backoff);
@@ -564,12 +566,11 @@ def _catch_up(queries: list[_Query], parallel: int) -> None:
                 q = by_name[n]
                 if q.restarts >= STALL_RESTARTS:
                     raise RunError(
-                        f"streaming table {q.name!r}: Spark's query made no progress "
-                        f"for {STALL_S:.0f}s (no batch started), {q.restarts} time(s) in a "
-                        "row; stopped it. Run again: the next run resumes where this one "
-                        "stopped.")
+                        f"streaming table {q.name!r} made no progress for {STALL_S:.0f}s "
+                        f"(no batch started), {q.restarts} time(s) in a row; stopped it. "
+                        "Run again: the next run resumes where this one stopped.")
                 q.say(f"[{q.name}] no batch started for {STALL_S:.0f}s: "
-                      "restarting its streaming query (it resumes exactly once)")
+                      "restarting it (it resumes exactly once)")
                 _stop_quietly(q.query)
                 q.restarts += 1
                 running.discard(n)
