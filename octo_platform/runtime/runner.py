@@ -160,7 +160,8 @@ class _Query:
                 self.active_at = time.monotonic()
 
     def stalled(self) -> bool:
-        """Spark has not called the handler for ``STALL_S`` while the query is active."""
+        """No batch has started for ``STALL_S`` (and none is in flight) while the query (or
+        the catch-up loop) is active."""
         return not self.busy.locked() and time.monotonic() - self.active_at > STALL_S
 
     def _handle(self, next_offset: Callable[[], dict | None]) -> None:
@@ -296,8 +297,7 @@ class _Query:
             return self.failed(e)
 
     def nothing_to_do(self) -> bool:
-        """No batch is pending and no input is new: a catch-up query would only start (a
-        second or more: its source runners, its checkpoint) to find nothing."""
+        """No batch is pending and no input is new: a catch-up would find nothing."""
         p = self.pipeline
         return next_inputs(p.inputs, p.log, env=p.env) is None
 
@@ -321,8 +321,6 @@ class _Loop:
     skips what a query costs and a catch-up does not need: its start-up (~1 s a table and
     run: Python source runners, a checkpoint) and ~0.35 s a trigger. Offers what the runner
     uses of a ``StreamingQuery``."""
-
-    status = {"message": "Processing"}
 
     def __init__(self, query: _Query, generation: int) -> None:
         from octo_platform.runtime.offsets import available
