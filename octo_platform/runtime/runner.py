@@ -4,9 +4,9 @@
 its batches run one after another by a driver thread (``_Loop``: what an ``availableNow``
 streaming query would do, without a query's start-up and per-trigger cost); a table starts
 once its upstream tables of the run are done (so it sees their output of the same run), and
-up to ``parallel`` tables run at once. A table with no pending batch and no new input starts
-nothing (a no-op run of 3 tables: 3.1 s -> 0.07 s). A catch-up that stops making progress (no
-batch started for ``STALL_S``) is replaced by a fresh one, which resumes from the batch log.
+up to ``parallel`` tables run at once. A table with no pending batch and no new input ends
+after one look at its batch log and inputs. A catch-up that stops making progress (no batch
+started for ``STALL_S``) is replaced by a fresh one, which resumes from the batch log.
 Otherwise (continuous) every table is a Spark Structured Streaming query (``readStream ▶
 foreachBatch`` over the ``octo_batches`` source, a processing-time trigger), all running
 concurrently until Ctrl-C or ``deadline``; stopping waits for the batch in flight, and an
@@ -18,9 +18,9 @@ a query that dies outside a batch (its Python source runner did not start or die
 replaced by a fresh one (``QUERY_RESTARTS`` times in a row). Both are safe because a batch
 is a deterministic function of its logged inputs: ``Pipeline.run_batch`` finishes a half-done
 attempt exactly once. The project's own errors (``OctoError``, a plan Spark rejects) fail at
-once. A query starts only when no other of the run is still being set up by Spark: each
-set-up starts Python source runners that must connect back within Spark's hard-coded 10 s,
-and on a loaded machine several starting at once miss it.
+once. A continuous run starts a streaming query only when no other of the run is still being
+set up by Spark: each set-up starts Python source runners that must connect back within
+Spark's hard-coded 10 s, and on a loaded machine several starting at once miss it.
 """
 from __future__ import annotations
 
@@ -40,7 +40,7 @@ from typing import TYPE_CHECKING, Callable, Iterator
 from octo_platform.errors import OctoError, RunError
 from octo_platform.project import Project, load_project
 from octo_platform.runtime.layout import Layout
-from octo_platform.runtime.offsets import next_inputs
+from octo_platform.runtime.offsets import available, next_inputs
 from octo_platform.runtime.options import RunOptions
 from octo_platform.runtime.pipeline import BatchStats, Pipeline
 from octo_platform.runtime.sinks import SinkRunner, SinkStats
@@ -130,7 +130,6 @@ class _Query:
         self.started_at = 0.0  # when the current query was started
         self.set_up = True  # Spark has set up the current query (see initializing)
         self.checkpoints: list[str] = []
-        self.idle = False  # a catch-up that found nothing to do and started no query
 
     @property
     def name(self) -> str:
@@ -150,12 +149,14 @@ class _Query:
 
         self.run_next(offset, generation)
 
-    def run_next(self, next_offset: Callable[[], dict | None], generation: int) -> None:
+    def run_next(self, next_offset: Callable[[], dict | None], generation: int) -> bool:
+        """Run the batch ``next_offset`` names (if any); whether one ran."""
         with self.busy:
             self.active_at = time.monotonic()
             try:
                 if not self.stopping and generation == self.generation:
-                    self._handle(next_offset)  # else: not logged, planned again next time
+                    return self._handle(next_offset)
+                return False  # not logged: planned again next time
             finally:
                 self.active_at = time.monotonic()
 
@@ -164,15 +165,16 @@ class _Query:
         the catch-up loop) is active."""
         return not self.busy.locked() and time.monotonic() - self.active_at > STALL_S
 
-    def _handle(self, next_offset: Callable[[], dict | None]) -> None:
-        """Run the next octo batch; a transient failure is retried with backoff."""
+    def _handle(self, next_offset: Callable[[], dict | None]) -> bool:
+        """Run the next octo batch (whether there was one); a transient failure is retried
+        with backoff."""
         offset: dict | None = None
         for attempt in range(1, BATCH_ATTEMPTS + 1):
             try:
                 if offset is None:
                     offset = next_offset()
                     if offset is None:
-                        return
+                        return False
                 if attempt > 1:
                     self.pipeline = self.new_pipeline()  # state and batch log as on disk
                 stats = self.pipeline.run_batch(int(offset["batch"]), offset["inputs"])
@@ -186,7 +188,7 @@ class _Query:
                 self.say(f"[{self.name}] {what} failed ({describe(e)}): retrying in "
                          f"{delay:g}s (attempt {attempt + 1} of {BATCH_ATTEMPTS})")
                 if self.wake.wait(delay):
-                    return  # stopping: not committed, the next run redoes it
+                    return False  # stopping: not committed, the next run redoes it
             except BaseException as e:  # KeyboardInterrupt and the like: re-raised as is
                 self.error, self.attempts = e, attempt
                 raise
@@ -194,6 +196,7 @@ class _Query:
         self.report.published.extend(stats.sinks)
         if not stats.skipped:
             self.report.batches.append(stats)
+        return True
 
     def start(self, *, until_idle: bool, interval: str):
         """Start the table's batches: a catch-up runs them in a driver thread (``_Loop``), a
@@ -284,22 +287,13 @@ class _Query:
 
     def launch(self, *, until_idle: bool, interval: str) -> float | None:
         """The table's sinks catch up (a run killed between a batch and its publishing),
-        then ``start`` (a catch-up with nothing to do starts no query: ``idle``); on a
-        failure, the delay before trying again (or ``RunError``)."""
+        then ``start``; on a failure, the delay before trying again (or ``RunError``)."""
         try:
             self.report.published.extend(self.pipeline.publish())
-            if until_idle and self.generation == 0 and self.nothing_to_do():
-                self.idle = True
-                return None
             self.start(until_idle=until_idle, interval=interval)
             return None
         except Exception as e:  # noqa: BLE001 - classified by failed()
             return self.failed(e)
-
-    def nothing_to_do(self) -> bool:
-        """No batch is pending and no input is new: a catch-up would find nothing."""
-        p = self.pipeline
-        return next_inputs(p.inputs, p.log, env=p.env) is None
 
     def stop(self) -> None:
         self.stopping = True
@@ -323,8 +317,6 @@ class _Loop:
     uses of a ``StreamingQuery``."""
 
     def __init__(self, query: _Query, generation: int) -> None:
-        from octo_platform.runtime.offsets import available
-
         self.error: BaseException | None = None
         p = query.pipeline
         target = available(p.inputs, env=p.env)
@@ -335,12 +327,9 @@ class _Loop:
             return None if nxt is None else {"batch": nxt[0], "inputs": nxt[1]}
 
         def run() -> None:
-            try:
-                while not self.stopped.is_set() and query.generation == generation:
-                    before = query.pipeline.log.last_committed
-                    query.run_next(offset, generation)
-                    if query.pipeline.log.last_committed == before:
-                        return  # nothing left (or stopping)
+            try:  # until nothing is left, or stopping (run_next runs no batch then)
+                while not self.stopped.is_set() and query.run_next(offset, generation):
+                    pass
             except BaseException as e:  # noqa: BLE001 - raised by awaitTermination()
                 self.error = e
 
@@ -363,11 +352,12 @@ class _Loop:
 
 
 _REGISTERED: set[int] = set()
-# Catch-up queries at once: overlaps one query's start-up and driver work with another's
-# jobs. Measured on 2 cores (12 tables, 22 batches a run): 2 used 14% less CPU than 3 and
-# was faster at load 8-12, 3 was 5-10% faster at load 3-7; not worth a change alone.
+# Catch-up tables at once: overlaps one table's driver work with another's jobs. Measured on
+# 2 cores with streaming queries (12 tables, 22 batches a run): 2 used 14% less CPU than 3
+# and was faster at load 8-12, 3 was 5-10% faster at load 3-7; with the driver loop,
+# test_oracle_joins took 164 / 154-169 / 171 s with 2 / 3 / 4.
 DEFAULT_PARALLEL = 3
-STALL_S = 300.0  # a catch-up query whose handler Spark has not called for this long is stuck
+STALL_S = 300.0  # a catch-up that has started no batch for this long is stuck
 STALL_RESTARTS = 2  # ... and is restarted (it resumes exactly once) this often before failing
 BATCH_ATTEMPTS = 4  # tries of a batch that fails transiently, in its handler
 QUERY_RESTARTS = 5  # fresh queries for one that died outside a batch, in a row
@@ -529,25 +519,18 @@ def _catch_up(queries: list[_Query], parallel: int) -> None:
 
     def launch(n: str) -> None:
         delay = by_name[n].launch(until_idle=True, interval="0 seconds")
-        if by_name[n].idle:
-            done.add(n)
-        elif delay is None:
+        if delay is None:
             running.add(n)
         else:
             due[n] = time.monotonic() + delay
 
-    def setting_up() -> bool:
-        return any(by_name[n].initializing() for n in running)
-
     try:
         while len(done) < len(by_name):
             for n in [n for n, at in due.items() if at <= time.monotonic()]:
-                if setting_up():
-                    break
                 del due[n]
                 launch(n)
             for n in by_name:
-                if len(running) + len(due) >= max(1, parallel) or setting_up():
+                if len(running) + len(due) >= max(1, parallel):
                     break
                 if n not in done and n not in running and n not in due and deps[n] <= done:
                     launch(n)
