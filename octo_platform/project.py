@@ -93,6 +93,14 @@ class Project:
         sinks = [f"{s.name}: {s.target} ({s.options['format']}"
                  f"{', tombstones' if s.tombstones else ''}), published after each batch"
                  for s in self.sinks_of(t.name)]
+        marks = [f"source {sdef.name}: WATERMARK FOR {sdef.watermark.column} AS "
+                 f"{sdef.watermark.sql} (rows below the source's watermark are late: dead "
+                 "letters)"
+                 for src in t.physical.sources if src.kind == "source"
+                 and (sdef := self.source(src.name)).watermark is not None]
+        if marks:
+            text += (f"\n\n== Event time of {t.name} ==\n" + "\n".join(marks) +
+                     "\ntable watermark: the least of these sources' watermarks")
         return text + (f"\n\n== Sinks of {t.name} ==\n" + "\n".join(sinks) if sinks else "")
 
 

@@ -38,7 +38,7 @@ import dagster as dg
 from octo_platform.errors import CatalogError
 from octo_platform.project import Project
 from orchestration.resources import SparkResource, WarehouseResource
-from orchestration.runs import backlog_metadata, run_metadata
+from orchestration.runs import backlog_metadata, run_metadata, watermark_metadata
 from orchestration.translator import OctoTranslator
 
 __all__ = ["project_automation", "ContinuousConfig", "RESTART_CRON", "CATCH_UP_CRON",
@@ -304,6 +304,7 @@ def observation(key: dg.AssetKey, status, now: float) -> dg.AssetObservation:
     age = None if status.last_commit_ms is None else round(now - status.last_commit_ms / 1000, 1)
     meta: dict[str, Any] = {
         **backlog_metadata(status),
+        **watermark_metadata(status),
         "last_batch": status.last_batch,
         "last_commit_age_s": age if age is not None else dg.MetadataValue.null(),
         "pending_batch": status.pending_batch if status.pending_batch is not None

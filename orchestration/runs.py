@@ -14,7 +14,7 @@ if TYPE_CHECKING:
     from octo_platform.runtime.pipeline import BatchStats
     from octo_platform.runtime.status import TableStatus
 
-__all__ = ["run_metadata", "backlog_metadata", "column_schema"]
+__all__ = ["run_metadata", "backlog_metadata", "watermark_metadata", "column_schema"]
 
 
 def run_metadata(batches: Iterable[BatchStats], status: TableStatus,
@@ -36,12 +36,23 @@ def run_metadata(batches: Iterable[BatchStats], status: TableStatus,
         "dagster/row_count": status.current_rows or 0,
         "duration_s": round(seconds, 3),
         **backlog_metadata(status),
+        **watermark_metadata(status, late_rows=sum(b.late_rows for b in batches)),
     }
 
 
 def backlog_metadata(status: TableStatus) -> dict[str, Any]:
     """The input waiting for a table: in all (``backlog``) and per input."""
     return {"backlog": status.waiting, "backlog_by_input": status.backlog}
+
+
+def watermark_metadata(status: TableStatus, *, late_rows: int | None = None
+                       ) -> dict[str, Any]:
+    """A watermarked table's event-time progress: its watermark (UTC) and late records
+    (``late_rows``: those of a run; default: all the table's batches committed)."""
+    if not status.watermarked:
+        return {}
+    return {"watermark": status.watermark or dg.MetadataValue.null(),
+            "late_rows": status.late_rows if late_rows is None else late_rows}
 
 
 def column_schema(schema: pa.Schema) -> dg.TableSchema:

@@ -8,8 +8,9 @@ from dataclasses import dataclass, field
 
 from octo_platform.logical.plan import Mode, Node
 from octo_platform.partitions import Partitioning
+from octo_platform.sqltext import quote
 
-__all__ = ["SourceDef", "TableDef", "SinkDef"]
+__all__ = ["SourceDef", "TableDef", "SinkDef", "Watermark"]
 
 
 class _Connected:
@@ -33,6 +34,23 @@ _SECRET_WORDS = ("password", "secret", "key", "token", "jaas", "credential")
 
 
 @dataclass(frozen=True)
+class Watermark:
+    """A source's ``WATERMARK FOR column AS column - delay``: the source's watermark is the
+    largest ``column - delay`` of the rows it has read; rows below it are late."""
+
+    column: str
+    delay_us: int  # microseconds
+    sql: str  # the expression as written
+
+    def time_sql(self, debezium: bool) -> str:
+        """SQL of a parsed record's event time (a change event's: its ``after`` image's,
+        a delete's ``before``'s)."""
+        col = quote(self.column)
+        return (f"CASE WHEN op = 'd' THEN before.{col} ELSE after.{col} END" if debezium
+                else col)
+
+
+@dataclass(frozen=True)
 class SourceDef(_Connected):
     """A bound ``CREATE SOURCE``."""
 
@@ -43,6 +61,7 @@ class SourceDef(_Connected):
     mode: Mode
     pk: tuple[str, ...] | None
     file: str = ""
+    watermark: Watermark | None = None
 
     @property
     def format(self) -> str:

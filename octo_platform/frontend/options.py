@@ -6,10 +6,16 @@ or at ``CREATE`` when a required option is missing.
 from __future__ import annotations
 
 from octo_platform.errors import SqlError
-from octo_platform.frontend.definitions import SinkDef, SourceDef
+import sqlglot
+from sqlglot import exp
+from sqlglot.errors import ParseError
+
+from octo_platform.frontend.definitions import SinkDef, SourceDef, Watermark
+from octo_platform.frontend.intervals import interval_micros
 from octo_platform.frontend.parser import SinkStmt, SourceStmt, TableStmt
 from octo_platform.logical.plan import Mode
 from octo_platform.partitions import GRANULARITIES, Partitioning, parse_time
+from octo_platform.sqltext import DIALECT
 
 __all__ = ["FORMATS", "CONNECTORS", "TABLE_OPTIONS", "SINK_OPTIONS", "source_def",
            "table_options", "sink_def"]
@@ -60,7 +66,43 @@ def source_def(stmt: SourceStmt) -> SourceDef:
     columns = tuple(c for c, _ in stmt.columns)
     pk = _key_option(stmt, columns, what)
     return SourceDef(stmt.name, columns, tuple(t for _, t in stmt.columns), dict(opts), mode,
-                     pk, stmt.file.path)
+                     pk, stmt.file.path, _watermark(stmt, what))
+
+
+WATERMARK_TYPES = ("TIMESTAMP", "TIMESTAMP_LTZ")
+
+
+def _watermark(stmt: SourceStmt, what: str) -> Watermark | None:
+    """The checked ``WATERMARK FOR col AS col [- INTERVAL ...]`` of a source."""
+    wm = stmt.watermark
+    if wm is None:
+        return None
+    at = stmt.file.location(wm.offset)
+    if stmt.options.get("connector") not in ("files", "kafka"):
+        raise SqlError(f"{what}: a WATERMARK needs connector 'files' or 'kafka' (got "
+                       f"{stmt.options.get('connector')!r})", at)
+    types = {c.lower(): (c, t) for c, t in stmt.columns}
+    if wm.column.lower() not in types:
+        raise SqlError(f"{what}: WATERMARK FOR {wm.column}: no such column (columns: "
+                       f"{', '.join(c for c, _ in stmt.columns)})", at)
+    column, typ = types[wm.column.lower()]
+    if typ.upper() not in WATERMARK_TYPES:
+        raise SqlError(f"{what}: the WATERMARK column {column} must be a TIMESTAMP "
+                       f"(it is {typ})", at)
+    form = f"{column} or {column} - INTERVAL '<n>' <unit>"
+    where = stmt.file.location(wm.expression_offset)
+    try:
+        node = sqlglot.parse_one(wm.expression, dialect=DIALECT)
+    except ParseError:
+        raise SqlError(f"{what}: the WATERMARK expression must be {form}", where) from None
+    delay: int | None = 0
+    if isinstance(node, exp.Sub):
+        node, delay = node.this, interval_micros(node.expression)
+    if not isinstance(node, exp.Column) or node.name.lower() != column.lower() \
+            or node.table or delay is None:
+        raise SqlError(f"{what}: the WATERMARK expression must be {form} with a positive "
+                       f"interval in microseconds to weeks (got {wm.expression!r})", where)
+    return Watermark(column, delay, wm.expression)
 
 
 def sink_def(stmt: SinkStmt) -> SinkDef:

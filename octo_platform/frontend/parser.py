@@ -20,6 +20,7 @@ from octo_platform.sqltext import DIALECT
 
 __all__ = [
     "SourceStmt",
+    "WatermarkStmt",
     "TableStmt",
     "ViewStmt",
     "SinkStmt",
@@ -69,8 +70,18 @@ class _Located:
 
 
 @dataclass(frozen=True)
+class WatermarkStmt:
+    """``WATERMARK FOR column AS expression`` inside a source's column list."""
+
+    column: str
+    expression: str  # as written
+    offset: int  # where WATERMARK is written
+    expression_offset: int
+
+
+@dataclass(frozen=True)
 class SourceStmt(_Located):
-    """``CREATE SOURCE name (col type, ...) WITH (key = 'value', ...)``."""
+    """``CREATE SOURCE name (col type, ..., [WATERMARK FOR col AS expr]) WITH (...)``."""
 
     name: str
     columns: tuple[tuple[str, str], ...]
@@ -78,6 +89,7 @@ class SourceStmt(_Located):
     file: SqlFile = field(repr=False, compare=False)
     offset: int = 0
     option_offsets: dict[str, int] = field(default_factory=dict, repr=False, compare=False)
+    watermark: WatermarkStmt | None = None
 
 
 @dataclass(frozen=True)
@@ -244,12 +256,14 @@ def _parse_statement(sql_file: SqlFile, tokens: list[Token]) -> Statement:
                         "CREATE SINK")
     if cur.take("SOURCE"):
         name = cur.name("a source name")
+        first = cur.i + 1
         begin, end = cur.balanced()
-        columns = _parse_columns(sql_file, begin, end)
+        body, watermark = _split_watermark(sql_file, begin, end, cur.tokens[first:cur.i - 1])
+        columns = _parse_columns(sql_file, begin, body)
         options, offsets = cur.options()
         if cur.peek() is not None:
             raise cur.error("unexpected text after CREATE SOURCE")
-        return SourceStmt(name, columns, options, sql_file, start, offsets)
+        return SourceStmt(name, columns, options, sql_file, start, offsets, watermark)
     if cur.take("STREAMING", "TABLE"):
         name = cur.name("a table name")
         options, offsets = cur.options()
@@ -310,8 +324,48 @@ def _offset_of(text: str, line: int, col: int) -> int:
     return pos + max(col - 1, 0)
 
 
-def _parse_columns(sql_file: SqlFile, begin: int, end: int) -> tuple[tuple[str, str], ...]:
+def _split_watermark(sql_file: SqlFile, begin: int, end: int, tokens: list[Token]
+                     ) -> tuple[str, WatermarkStmt | None]:
+    """The column list ``text[begin:end]`` without its ``WATERMARK FOR col AS expr`` item
+    (blanked, so offsets stay those of the file), and that item."""
+    items: list[list[Token]] = [[]]
+    commas: list[Token] = []
+    depth = 0
+    for tok in tokens:
+        if tok.token_type == TokenType.COMMA and depth == 0:
+            commas.append(tok)
+            items.append([])
+            continue
+        depth += {TokenType.L_PAREN: 1, TokenType.R_PAREN: -1}.get(tok.token_type, 0)
+        items[-1].append(tok)
+    marks = [i for i, item in enumerate(items)
+             if [t.text.upper() for t in item[:2]] == ["WATERMARK", "FOR"]]
     body = sql_file.text[begin:end]
+    if not marks:
+        return body, None
+    if len(marks) > 1:
+        raise sql_file.error("a source has at most one WATERMARK", items[marks[1]][0].start)
+    i = marks[0]
+    item = items[i]
+    if len(item) < 3:
+        raise sql_file.error("expected WATERMARK FOR <column> AS <column> - INTERVAL ...",
+                             item[-1].start)
+    if len(item) < 5 or item[3].text.upper() != "AS":
+        raise sql_file.error(f"expected AS <expression> after WATERMARK FOR {item[2].text}",
+                             item[min(3, len(item) - 1)].start)
+    expr_start, expr_end = item[4].start, item[-1].end + 1
+    watermark = WatermarkStmt(item[2].text, sql_file.text[expr_start:expr_end], item[0].start,
+                              expr_start)
+    # Blank the item and the comma that separates it from its neighbours.
+    cut_from = commas[i - 1].start if i > 0 else item[0].start
+    cut_to = item[-1].end + 1 if i > 0 or not commas else commas[0].end + 1
+    blank = "".join(c if c == "\n" else " " for c in sql_file.text[cut_from:cut_to])
+    body = body[:cut_from - begin] + blank + body[cut_to - begin:]
+    return body, watermark
+
+
+def _parse_columns(sql_file: SqlFile, begin: int, body: str) -> tuple[tuple[str, str], ...]:
+    """The ``name TYPE`` items of a source's column list (``body``, starting at ``begin``)."""
     if not body.strip():
         raise sql_file.error("a source needs at least one column", begin)
     try:

@@ -5,15 +5,18 @@ from __future__ import annotations
 
 import os
 from dataclasses import dataclass
+from datetime import datetime, timedelta
 from typing import TYPE_CHECKING, Any
 
 from octo_platform.errors import RunError
+from octo_platform.frontend.definitions import SourceDef, Watermark
 from octo_platform.physical.plan import PSource
 from octo_platform.project import CompiledTable, Project
 from octo_platform.runtime.layout import Layout
 from octo_platform.runtime.metrics import metrics, observe
 from octo_platform.runtime.offsets import InputSpec, source_key
 from octo_platform.runtime.operators import BatchContext
+from octo_platform.sqltext import quote
 
 if TYPE_CHECKING:
     from pyspark.sql import DataFrame
@@ -25,6 +28,7 @@ __all__ = ["input_specs", "read_inputs", "settle_inputs", "commit_kafka_offsets"
 
 ALL_BUCKETS_BYTES = 1 << 20  # input size from which a top-N takes all its buckets as touched
 KAFKA_RECORD_BYTES = 100  # a Kafka record's size, as far as ALL_BUCKETS_BYTES is concerned
+LATE = "late:"  # how a late record's dead-letter reason starts
 
 
 def input_specs(project: Project, table: CompiledTable, layout: Layout) -> tuple[InputSpec, ...]:
@@ -49,11 +53,14 @@ def input_specs(project: Project, table: CompiledTable, layout: Layout) -> tuple
 
 
 def read_inputs(pipe: Pipeline, ctx: BatchContext, inputs: dict[str, Any],
-                stats: BatchStats) -> list[_Observed]:
+                watermarks: dict[str, int]) -> list[_Observed]:
     """Register each source's weighted rows in ``ctx``.
 
-    Nothing is read here: record counts (good and bad) are observed while the batch's write
-    job reads the inputs (``settle_inputs``), which saves a job and a cache per batch.
+    Nothing is read here: record counts (good, bad, late) and each watermarked source's
+    latest event time are observed while the batch's write job reads the inputs
+    (``settle_inputs``), which saves a job and a cache per batch. ``watermarks``: each
+    source's watermark as the batch begins (from the previous commit); rows below it are
+    late and become dead letters.
     """
     observed: list[_Observed] = []
     size = 0
@@ -89,9 +96,13 @@ def read_inputs(pipe: Pipeline, ctx: BatchContext, inputs: dict[str, Any],
         if sdef.format == "csv":
             # Spark refuses raw-CSV queries that read only the corrupt-record column.
             records = ctx.persist(records)
-        observed.append(_Observed.watch(src.name, records,
-                                        "count_if(_reason IS NULL) AS good",
-                                        "count_if(_reason IS NOT NULL) AS bad"))
+        exprs = ["count_if(_reason IS NULL) AS good", "count_if(_reason IS NOT NULL) AS bad"]
+        key = source_key(src.kind, src.name)
+        if sdef.watermark is not None:
+            records, timed = _late(records, sdef, watermarks.get(key))
+            exprs += [f"count_if(startswith(_reason, '{LATE}')) AS late", timed]
+        observed.append(_Observed.watch(src.name, records, *exprs, key=key,
+                                        watermark=sdef.watermark, before=watermarks.get(key)))
         records = observed[-1].records
         ctx.inputs[src.name.lower()] = parsed.rows(records.filter("_reason IS NULL"))
     # Any superset of the touched buckets is correct; a large batch touches them all.
@@ -99,14 +110,49 @@ def read_inputs(pipe: Pipeline, ctx: BatchContext, inputs: dict[str, Any],
     return observed
 
 
+def _late(records: DataFrame, sdef: SourceDef, before: int | None) -> tuple[DataFrame, str]:
+    """``records`` with those below the watermark ``before`` (microseconds; None: no
+    watermark yet) or without an event time made dead letters (keeping their raw record);
+    and the SQL of an aggregate of the good records' latest event time."""
+    from pyspark.sql import functions as F
+
+    wm = sdef.watermark
+    assert wm is not None
+    time = wm.time_sql(sdef.format == "debezium-json")
+    col = wm.column.replace("'", "''")
+    late = "false" if before is None else f"{time} < timestamp_micros({before})"
+    shown = "" if before is None else iso_time(before)
+    reason = (f"CASE WHEN _reason IS NOT NULL THEN _reason "
+              f"WHEN {time} IS NULL THEN 'missing event time: {col} is null' "
+              f"WHEN {late} THEN concat('{LATE} {col} ', CAST({time} AS STRING), "
+              f"' is below the watermark {shown}') END")
+    columns = ("op, before, after" if sdef.format == "debezium-json"
+               else ", ".join(quote(c) for c in sdef.columns))
+    raw = f"coalesce(_raw, to_json(struct({columns})))"
+    return (records.withColumns({"_reason": F.expr(reason), "_raw": F.expr(raw)}),
+            f"max(CASE WHEN _reason IS NULL THEN unix_micros({time}) END) AS latest")
+
+
+def iso_time(micros: int) -> str:
+    """A watermark (microseconds since the epoch) as UTC text, as Spark shows timestamps."""
+    return (datetime(1970, 1, 1) + timedelta(microseconds=micros)).isoformat(sep=" ")
+
+
 def settle_inputs(observed: list[_Observed], stats: BatchStats) -> list[DataFrame]:
-    """Good/bad record counts (observed while the batch's write job read the inputs) and
-    the dead-letter frames."""
+    """Good/bad/late record counts and each watermarked source's new watermark (observed
+    while the batch's write job read the inputs), and the dead-letter frames."""
     dead: list[DataFrame] = []
     for o in observed:
         counts = o.counts()
         stats.rows_in += counts["good"]
         stats.dead_letters += counts["bad"]
+        if o.watermark is not None:
+            stats.late_rows += counts["late"]
+            latest = counts["latest"]
+            candidates = [w for w in (o.before, None if latest is None
+                                      else latest - o.watermark.delay_us) if w is not None]
+            if candidates:
+                stats.watermarks[o.key] = max(candidates)
         if counts["bad"]:
             dead.append(o.records.filter("_reason IS NOT NULL").selectExpr(
                 "_raw AS raw", "_file AS source_file", f"'{o.source}' AS source",
@@ -163,20 +209,25 @@ def _local_bytes(uris: list[str]) -> int:
 
 @dataclass
 class _Observed:
-    """An input's records, with good/bad counts observed by the job that reads them."""
+    """An input's records, with good/bad counts (and for a watermarked source: late
+    records and the latest event time) observed by the job that reads them."""
 
     source: str
     observation: Any
     records: DataFrame
     exprs: tuple[str, ...]
+    key: str = ""
+    watermark: Watermark | None = None
+    before: int | None = None  # the source's watermark as the batch began
 
     @classmethod
-    def watch(cls, source: str, records: DataFrame, *exprs: str) -> _Observed:
+    def watch(cls, source: str, records: DataFrame, *exprs: str, **how: Any) -> _Observed:
         observed, observation = observe(records, *exprs)
-        return cls(source, observation, observed, exprs)
+        return cls(source, observation, observed, exprs, **how)
 
-    def counts(self) -> dict[str, int]:
+    def counts(self) -> dict[str, int | None]:
+        """Each observed aggregate (a count: 0 when no record was read)."""
         got = metrics(self.observation)
         if got is None:  # no job read the records: count them with a job of our own
             got = self.records.selectExpr(*self.exprs).collect()[0].asDict()
-        return {"good": int(got["good"] or 0), "bad": int(got["bad"] or 0)}
+        return {k: v if k == "latest" else int(v or 0) for k, v in got.items()}

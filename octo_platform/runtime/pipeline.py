@@ -22,6 +22,7 @@ from octo_platform.runtime.environment import Environment
 from octo_platform.runtime.inputs import (
     commit_kafka_offsets,
     input_specs,
+    iso_time,
     read_inputs,
     settle_inputs,
 )
@@ -54,17 +55,36 @@ class BatchStats:
     spark_jobs: int = 0  # Spark jobs the batch ran (its fixed cost is mostly these)
     skipped: bool = False
     sinks: list[SinkStats] = field(default_factory=list)  # sink batches published after it
+    late_rows: int = 0  # of the dead letters: records below their source's watermark
+    # Each watermarked source's watermark after the batch (microseconds since the epoch),
+    # by source key; durable in the batch's commit record.
+    watermarks: dict[str, int] = field(default_factory=dict)
+    watermarked: int = 0  # how many of the table's sources declare a watermark
+
+    @property
+    def watermark(self) -> int | None:
+        """The table's watermark: the least of its sources' (None until every source that
+        declares one has one)."""
+        if not self.watermarked or len(self.watermarks) < self.watermarked:
+            return None
+        return min(self.watermarks.values())
 
     def line(self) -> str:
         ops = " ".join(f"{op}={self.events.get(op, 0)}" for op in ("c", "u", "d"))
+        late = f" ({self.late_rows} late)" if self.late_rows else ""
+        wm = "" if self.watermark is None else f", watermark {iso_time(self.watermark)}"
         return (f"[{self.table}] batch {self.batch}: {self.rows_in} rows in, events {ops}, "
-                f"{self.dead_letters} dead letters, {self.seconds:.2f}s, "
+                f"{self.dead_letters} dead letters{late}{wm}, {self.seconds:.2f}s, "
                 f"{self.spark_jobs} Spark jobs")
 
     def to_json(self) -> dict[str, Any]:
-        return {"rows_in": self.rows_in, "events": self.events,
-                "dead_letters": self.dead_letters, "seconds": round(self.seconds, 3),
-                "spark_jobs": self.spark_jobs}
+        out = {"rows_in": self.rows_in, "events": self.events,
+               "dead_letters": self.dead_letters, "seconds": round(self.seconds, 3),
+               "spark_jobs": self.spark_jobs}
+        if self.watermarked:
+            out.update(late_rows=self.late_rows, watermark=None if self.watermark is None
+                       else iso_time(self.watermark))
+        return out
 
 
 class Pipeline:
@@ -92,6 +112,9 @@ class Pipeline:
             if src.kind == "source" and (sdef := project.source(src.name)).connector == "delta"}
         for name, dsrc in self.delta_sources.items():  # the table and its columns exist
             dsrc.check(self.name, last_read=self.log.last_version(source_key("source", name)))
+        self.watermarked = sum(
+            1 for src in table.physical.sources if src.kind == "source"
+            and project.source(src.name).watermark is not None)
         self.sinks = [] if isinstance(layout, ScratchLayout) else [
             SinkRunner(spark, project, s, layout, env, progress=progress)
             for s in project.sinks_of(self.name)]
@@ -134,7 +157,8 @@ class Pipeline:
             log.append(batch, "intent", inputs, ts_ms)
         previous = log.commit_payload(batch - 1) or {}
         pinned: dict[str, int | None] = previous.get("versions", {})
-        stats = BatchStats(self.name, batch)
+        stats = BatchStats(self.name, batch, watermarks=dict(previous.get("watermarks", {})),
+                           watermarked=self.watermarked)
         if RECOMPUTED in inputs:
             return publish_recomputed(self, batch, inputs[RECOMPUTED], pinned, ts_ms, stats,
                                       started)
@@ -153,7 +177,7 @@ class Pipeline:
             state_log=state_log, memo=self.memo)
         jobs = JobCounter(self.spark, f"octo {self.name} batch {batch}")
         try:
-            observed = read_inputs(self, ctx, inputs, stats)
+            observed = read_inputs(self, ctx, inputs, dict(stats.watermarks))
             delta = evaluate(self.table.physical.root, ctx)
             events = encode(self, ctx, delta, ts_ms)
             written = write_batch(self, ctx, events, pinned, resumed=resumed)
@@ -169,7 +193,8 @@ class Pipeline:
         stats.seconds = time.monotonic() - started
         log.append(batch, "commit", {"versions": versions, "stats": stats.to_json(),
                                      "fingerprint": self.fingerprint,
-                                     "state_format": STATE_FORMAT}, ts_ms)
+                                     "state_format": STATE_FORMAT,
+                                     "watermarks": stats.watermarks}, ts_ms)
         commit_kafka_offsets(self, inputs)
         if batch % MAINTENANCE_EVERY == MAINTENANCE_EVERY - 1:
             self.maintain()

@@ -77,6 +77,7 @@ def publish_recomputed(pipe: Pipeline, batch: int, spec: dict[str, Any],
     pipe.log.append(batch, "commit", {"versions": versions, "stats": stats.to_json(),
                                       "fingerprint": pipe.fingerprint,
                                       "state_format": STATE_FORMAT,
+                                      "watermarks": stats.watermarks,
                                       RECOMPUTED: spec}, ts_ms)
     if "://" not in scratch.warehouse:
         shutil.rmtree(scratch.warehouse, ignore_errors=True)

@@ -41,6 +41,9 @@ class TableStatus:
     current_rows: int | None
     state_rows: dict[str, int] = field(default_factory=dict)  # per operator state table
     backlog: dict[str, int] = field(default_factory=dict)
+    watermarked: bool = False  # a source of the table declares a WATERMARK
+    watermark: str | None = None  # the table's watermark after the last batch (UTC)
+    late_rows: int = 0  # late records dead-lettered by all committed batches
 
     @property
     def waiting(self) -> int:
@@ -75,6 +78,7 @@ def table_status(project: Project, name: str, *, options: RunOptions) -> TableSt
         backlog[f"sink:{sink.name}"] = unpublished(store, layout, sink)
     last = log.last_committed
     pending = log.pending()
+    stats = [c.payload.get("stats", {}) for c in log.commits.values()]
     current = layout.current(tname)
     return TableStatus(
         table=tname,
@@ -87,6 +91,11 @@ def table_status(project: Project, name: str, *, options: RunOptions) -> TableSt
         state_rows={t: store.num_rows(layout.state(tname, t)) or 0
                     for t in table.physical.state_tables},
         backlog=backlog,
+        watermarked=any(src.kind == "source" and project.source(src.name).watermark
+                        for src in table.physical.sources),
+        watermark=(log.commits[last].payload.get("stats", {}).get("watermark")
+                   if last in log.commits else None),
+        late_rows=sum(s.get("late_rows", 0) for s in stats),
     )
 
 
