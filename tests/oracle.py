@@ -16,7 +16,9 @@ from decimal import Decimal
 from pathlib import Path
 from typing import Any
 
+import sqlglot
 from deltalake import DeltaTable
+from sqlglot import exp
 
 from octo_platform.frontend.parser import SourceStmt, TableStmt, ViewStmt, parse_sql
 
@@ -91,6 +93,27 @@ def check_changelog(warehouse: str | Path, table: str, pk: bool) -> None:
         assert not both, f"{table} batch {batch}: inserted and deleted in one batch: {both}"
 
 
+def spark_sql(query: exp.Expression) -> str:
+    """``query`` as Spark SQL: each ``TUMBLE``/``HOP`` in FROM becomes a subquery over
+    Spark's own ``window()`` function (an independent implementation of the windows)."""
+    from octo_platform.frontend.intervals import interval_micros
+
+    def spark_window(node: exp.Expression) -> exp.Expression:
+        call = node.this if isinstance(node, exp.Table) else None
+        if not isinstance(call, exp.Anonymous) or call.name.upper() not in ("TUMBLE", "HOP"):
+            return node
+        rel, time, *spans = call.expressions
+        micros = [f"'{interval_micros(s)} microseconds'" for s in spans]
+        durations = micros[0] if len(micros) == 1 else f"{micros[1]}, {micros[0]}"
+        alias = node.alias or rel.name
+        return sqlglot.parse_one(
+            f"(SELECT *, _w.start AS window_start, _w.end AS window_end FROM (SELECT *, "
+            f"window({time.sql('spark')}, {durations}) AS _w FROM {rel.name}) _x) AS {alias}",
+            dialect="spark")
+
+    return query.copy().transform(spark_window).sql("spark")
+
+
 def batch_result(spark, sql_text: str, inputs: dict[str, list[dict[str, Any]]],
                  table: str) -> Counter:
     """Run ``table``'s SELECT as a Spark batch query over ``inputs`` (rows per source)."""
@@ -100,7 +123,7 @@ def batch_result(spark, sql_text: str, inputs: dict[str, list[dict[str, Any]]],
             rows = [tuple(r.get(c) for c, _ in stmt.columns) for r in inputs[stmt.name]]
             spark.createDataFrame(rows, ddl).createOrReplaceTempView(stmt.name)
         elif isinstance(stmt, (ViewStmt, TableStmt)):
-            spark.sql(stmt.sql).createOrReplaceTempView(stmt.name)
+            spark.sql(spark_sql(stmt.query)).createOrReplaceTempView(stmt.name)
     return Counter(norm(tuple(r)) for r in spark.table(table).collect())
 
 

@@ -1,16 +1,14 @@
-"""Interval literals (``INTERVAL '10' MINUTE``) as microseconds, for watermark delays and,
-later, window sizes."""
+"""Interval literals (``INTERVAL '10' MINUTE``) as microseconds: watermark delays, window
+sizes and slides."""
 from __future__ import annotations
 
 from decimal import Decimal, InvalidOperation
 
 from sqlglot import exp
 
-__all__ = ["UNITS", "interval_micros"]
+from octo_platform.timeunits import UNITS
 
-UNITS = {"MICROSECOND": 1, "MILLISECOND": 1_000, "SECOND": 1_000_000,
-         "MINUTE": 60_000_000, "HOUR": 3_600_000_000, "DAY": 86_400_000_000,
-         "WEEK": 7 * 86_400_000_000}
+__all__ = ["interval_micros"]
 
 
 def interval_micros(node: exp.Expression) -> int | None:

@@ -300,7 +300,8 @@ def _parse_query(sql_file: SqlFile, cur: _Cursor) -> tuple[exp.Query, str]:
         raise cur.error("expected a query after AS")
     begin, end = cur.offset(), cur.tokens[-1].end + 1
     try:
-        tree = sqlglot.parse_one(_padded(sql_file, begin, end), dialect=DIALECT)
+        text = _short_windows(_padded(sql_file, begin, end), cur.tokens[cur.i:])
+        tree = sqlglot.parse_one(text, dialect=DIALECT)
     except ParseError as e:
         err = e.errors[0] if e.errors else {}
         line, col = int(err.get("line", 1)), int(err.get("col", 1))
@@ -312,6 +313,44 @@ def _parse_query(sql_file: SqlFile, cur: _Cursor) -> tuple[exp.Query, str]:
     if not isinstance(tree, exp.Query):
         raise sql_file.error("expected a SELECT query after AS", begin)
     return tree, sql_file.text[begin:end].strip()
+
+
+WINDOW_TVFS = ("TUMBLE", "HOP", "SESSION")
+
+
+def _short_windows(text: str, tokens: list[Token]) -> str:
+    """Flink's long form of a window function, ``TABLE(TUMBLE(TABLE t, DESCRIPTOR(ts),
+    ...))``, as the short one, ``TUMBLE(t, ts, ...)``: the extra words and parentheses
+    blanked, so every offset stays the file's."""
+
+    def closing(i: int) -> int:  # index of the parenthesis closing the one at i
+        depth = 0
+        for j in range(i, len(tokens)):
+            depth += {TokenType.L_PAREN: 1, TokenType.R_PAREN: -1}.get(tokens[j].token_type, 0)
+            if depth == 0:
+                return j
+        return len(tokens) - 1
+
+    def word(i: int) -> str:
+        return tokens[i].text.upper() if i < len(tokens) else ""
+
+    def paren(i: int) -> bool:
+        return i < len(tokens) and tokens[i].token_type == TokenType.L_PAREN
+
+    blank: list[Token] = []
+    for i in range(len(tokens)):
+        if word(i) == "TABLE" and paren(i + 1) and word(i + 2) in WINDOW_TVFS and paren(i + 3):
+            end = closing(i + 3)
+            blank += [tokens[i], tokens[i + 1], tokens[closing(i + 1)]]
+            if word(i + 4) == "TABLE":
+                blank.append(tokens[i + 4])
+            for j in range(i + 4, end):
+                if word(j) == "DESCRIPTOR" and paren(j + 1):
+                    blank += [tokens[j], tokens[j + 1], tokens[closing(j + 1)]]
+    chars = list(text)
+    for tok in blank:
+        chars[tok.start:tok.end + 1] = " " * (tok.end + 1 - tok.start)
+    return "".join(chars)
 
 
 def _offset_of(text: str, line: int, col: int) -> int:

@@ -27,13 +27,19 @@ from octo_platform.logical.plan import (
     SortKey,
     TopN,
     UnionAll,
+    WINDOW_COLUMNS,
+    Window,
     project,
 )
+from octo_platform.logical.lineage import column_types
+from octo_platform.frontend.intervals import interval_micros
 from octo_platform.sqltext import DIALECT, quote
 
 __all__ = ["Relations", "QueryBinder"]
 
 JOIN_KINDS = {"": "inner", "LEFT": "left", "RIGHT": "right", "FULL": "full"}
+WINDOW_FUNCTIONS = {"TUMBLE": "relation, time column, size",
+                    "HOP": "relation, time column, slide, size"}
 SUPPORTED_AGGS = {exp.Count: "count", exp.Sum: "sum", exp.Avg: "avg", exp.Min: "min",
                   exp.Max: "max"}
 
@@ -108,9 +114,57 @@ class QueryBinder:
         if isinstance(src, exp.Subquery):
             return Scope.of(self.query(src.this, ctes), {src.alias.lower()} if src.alias
                              else set())
+        if isinstance(src, exp.Table) and isinstance(src.this, exp.Anonymous) \
+                and src.this.name.upper() in WINDOW_FUNCTIONS:
+            node, name = self.window(src.this, ctes)
+            return Scope.of(node, {(src.alias or name).lower()})
         if not isinstance(src, exp.Table) or not src.name:
             raise self.error(f"unsupported FROM item {src.sql(DIALECT)!r}", src)
         return Scope.of(self.relation(src.name, src, ctes), {(src.alias or src.name).lower()})
+
+    def window(self, call: exp.Anonymous, ctes: dict[str, Node]) -> tuple[Node, str]:
+        """``TUMBLE(rel, time, size)`` / ``HOP(rel, time, slide, size)`` in FROM: the
+        relation's rows in their windows, and the relation's name."""
+        func = call.name.upper()
+        args = call.expressions
+        form = WINDOW_FUNCTIONS[func]
+        if len(args) != form.count(",") + 1:
+            raise self.error(f"{func} takes ({form})", call)
+        rel, time = args[0], args[1]
+        if not isinstance(rel, (exp.Column, exp.Table)) or isinstance(rel, exp.Column) \
+                and rel.table:
+            raise self.error(f"the first argument of {func} is the name of a source, view or "
+                             f"table ({func}({form}))", rel)
+        node = self.relation(rel.name, rel, ctes)
+        if not isinstance(time, exp.Column) or time.table:
+            raise self.error(f"the second argument of {func} is a column of {rel.name} "
+                             f"holding event time ({func}({form}))", time)
+        column = next((c for c in node.columns if c.lower() == time.name.lower()), None)
+        if column is None:
+            raise self.error(f"{func}: {rel.name} has no column {time.name!r} (columns: "
+                             f"{', '.join(node.columns)})", time)
+        types = dict(zip(node.columns, column_types(node).values()))
+        if types.get(column) not in (None, "TIMESTAMP", "TIMESTAMP_LTZ"):
+            raise self.error(f"{func}: the time column {column} must be a TIMESTAMP (it is "
+                             f"{types[column]})", time)
+        taken = [c for c in node.columns if c.lower() in WINDOW_COLUMNS]
+        if taken:
+            raise self.error(f"{func}: {rel.name} already has a column {taken[0]!r} (a window "
+                             f"adds {', '.join(WINDOW_COLUMNS)}); rename it in a view", rel)
+        spans = []
+        for arg in args[2:]:
+            micros = interval_micros(arg)
+            if micros is None:
+                raise self.error(f"{func}: expected a positive interval such as INTERVAL '1' "
+                                 f"MINUTE (units microsecond to week), found "
+                                 f"{arg.sql(DIALECT)!r}", arg)
+            spans.append(micros)
+        size, slide = (spans[0], spans[0]) if func == "TUMBLE" else (spans[1], spans[0])
+        if slide > size:
+            raise self.error(f"HOP: the slide ({arg_text(args[2])}) is longer than the size "
+                             f"({arg_text(args[3])}): some rows would be in no window", call)
+        return Window((*node.columns, *WINDOW_COLUMNS), input=node, kind=func.lower(),
+                      time=column, size_us=size, slide_us=slide), rel.name
 
     # -- joins -----------------------------------------------------------------------------
     def join(self, left: Scope, j: exp.Join, ctes: dict[str, Node]) -> Scope:
@@ -549,6 +603,10 @@ class QueryBinder:
         if having_sql is not None:
             node = Filter(node.columns, input=node, conditions=(having_sql,))
         return project(node, names, tuple(select_sql))
+
+
+def arg_text(e: exp.Expression) -> str:
+    return e.sql(DIALECT)
 
 
 def _distinct(node: Node) -> Node:

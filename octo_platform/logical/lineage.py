@@ -19,8 +19,10 @@ from octo_platform.logical.plan import (
     Node,
     Project,
     Scan,
+    WINDOW_COLUMNS,
     TopN,
     UnionAll,
+    Window,
 )
 from octo_platform.sqltext import referenced_columns, unquote
 
@@ -50,6 +52,9 @@ def _origins(node: Node) -> list[frozenset[Origin]]:
         return [frozenset({(node.name, c)}) for c in node.columns]
     if isinstance(node, Filter):
         return _origins(node.input)
+    if isinstance(node, Window):
+        inner = _origins(node.input)
+        return inner + [inner[node.input.columns.index(node.time)]] * len(WINDOW_COLUMNS)
     if isinstance(node, Project):
         inner = dict(zip(node.input.columns, _origins(node.input)))
         return [_union(inner.get(c, frozenset()) for c in referenced_columns(e))
@@ -103,6 +108,8 @@ def _types(node: Node, table_types) -> list[str | None]:
         return [known.get(c) for c in node.columns]
     if isinstance(node, Filter):
         return _types(node.input, table_types)
+    if isinstance(node, Window):
+        return _types(node.input, table_types) + ["TIMESTAMP"] * len(WINDOW_COLUMNS)
     if isinstance(node, Project):
         inner = dict(zip(node.input.columns, _types(node.input, table_types)))
         return [_expr_type(e, inner) for e in node.exprs]

@@ -11,6 +11,7 @@ from dataclasses import dataclass, field, replace
 from typing import Callable, Literal
 
 from octo_platform.sqltext import and_, quote
+from octo_platform.timeunits import span_text
 
 __all__ = [
     "Mode",
@@ -24,6 +25,8 @@ __all__ = [
     "UnionAll",
     "Join",
     "TopN",
+    "Window",
+    "WINDOW_COLUMNS",
     "SortKey",
     "JoinKind",
     "changelog_mode",
@@ -239,6 +242,28 @@ class TopN(Unary):
         return f"TopN n={self.n} partition=[{part}] order=[{order}]{rank}"
 
 
+WINDOW_COLUMNS = ("window_start", "window_end")
+
+
+@dataclass(frozen=True)
+class Window(Unary):
+    """``TUMBLE`` / ``HOP``: each input row once per window of ``size_us`` microseconds
+    (one starting every ``slide_us``, aligned to the epoch; a tumble's slide is its size)
+    that contains its ``time``, half-open ``[start, end)``. Output: the input's columns,
+    then ``window_start`` and ``window_end``. A row whose time is NULL is in no window."""
+
+    kind: Literal["tumble", "hop"] = "tumble"
+    time: str = ""
+    size_us: int = 0
+    slide_us: int = 0
+
+    def describe(self) -> str:
+        if self.kind == "tumble":
+            return f"Window TUMBLE({quote(self.time)}, size {span_text(self.size_us)})"
+        return (f"Window HOP({quote(self.time)}, slide {span_text(self.slide_us)}, "
+                f"size {span_text(self.size_us)})")
+
+
 def changelog_mode(node: Node) -> Mode:
     """``updating`` when ``node`` may retract a row it emitted, else ``append-only``.
 
@@ -248,7 +273,7 @@ def changelog_mode(node: Node) -> Mode:
     """
     if isinstance(node, Scan):
         return node.changelog
-    if isinstance(node, (Filter, Project)):
+    if isinstance(node, (Filter, Project, Window)):
         return node.input.mode
     if isinstance(node, UnionAll):
         return "updating" if any(c.mode == "updating" for c in node.children) else "append-only"
@@ -267,13 +292,16 @@ def primary_key(node: Node) -> tuple[str, ...] | None:
 
     A scan declares it; an aggregate's is its group keys; a top-N's its partition and
     rank (or its input's, without a rank column); a projection carries its input's key
-    through bare column references; a join's is both inputs' keys (the left's for a semi or
+    through bare column references, a tumble keeps it, a hop adds its window's start; a join's is both inputs' keys (the left's for a semi or
     anti join); a union's rows have no key.
     """
     if isinstance(node, Scan):
         return node.key
     if isinstance(node, Filter):
         return node.input.pk
+    if isinstance(node, Window):  # a hop puts a row in several windows
+        key = node.input.pk
+        return key if key is None or node.kind == "tumble" else (*key, WINDOW_COLUMNS[0])
     if isinstance(node, Aggregate):
         return node.keys
     if isinstance(node, TopN):

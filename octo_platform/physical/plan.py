@@ -257,12 +257,14 @@ def lower(table: str, root: lp.Node, pk: tuple[str, ...] | None) -> PhysicalPlan
         if isinstance(node, lp.Scan):
             return PSource(next_id("source"), node.columns, node.mode, name=node.name,
                            kind=node.kind)
-        if isinstance(node, (lp.Filter, lp.Project)):
+        if isinstance(node, (lp.Filter, lp.Project, lp.Window)):
             steps: list[Step] = []
             cur: lp.Node = node
-            while isinstance(cur, (lp.Filter, lp.Project)):
+            while isinstance(cur, (lp.Filter, lp.Project, lp.Window)):
                 if isinstance(cur, lp.Filter):
                     steps.append(("filter", cur.columns, (cur.condition,)))
+                elif isinstance(cur, lp.Window):
+                    steps.extend(reversed(_window_steps(cur)))
                 else:
                     steps.append(("project", cur.columns, cur.exprs))
                 cur = cur.input
@@ -294,6 +296,27 @@ def lower(table: str, root: lp.Node, pk: tuple[str, ...] | None) -> PhysicalPlan
 
     physical = go(root)
     return PhysicalPlan(table, physical, pk, _keyed_changes(root, pk))
+
+
+def _window_steps(w: lp.Window) -> list[Step]:
+    """A tumble or hop as stateless steps: each row's windows (microseconds since the
+    epoch: starts aligned to the slide, those whose ``[start, start + size)`` holds the
+    row's time), one output row per window."""
+    cols = w.input.columns
+    passed = tuple(quote(c) for c in cols)
+    t = f"unix_micros({quote(w.time)})"
+    size, slide = w.size_us, w.slide_us
+    if w.kind == "tumble":
+        start = f"{t} - pmod({t}, {size})"
+        return [("filter", cols, (f"{quote(w.time)} IS NOT NULL",)),
+                ("project", w.columns, (*passed, f"timestamp_micros({start})",
+                                        f"timestamp_micros({start} + {size})"))]
+    count = -(-size // slide)  # windows that may hold a time
+    starts = (f"filter(transform(sequence(0, {count - 1}), _wi -> {t} - pmod({t}, {slide}) "
+              f"- _wi * {slide}), _ws -> _ws + {size} > {t})")
+    return [("project", (*cols, "_window"), (*passed, f"explode({starts})")),
+            ("project", w.columns, (*passed, "timestamp_micros(`_window`)",
+                                   f"timestamp_micros(`_window` + {size})"))]
 
 
 def _keyed_changes(root: lp.Node, pk: tuple[str, ...] | None) -> bool:

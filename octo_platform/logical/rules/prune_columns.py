@@ -10,8 +10,10 @@ from octo_platform.logical.plan import (
     Join,
     Node,
     Project,
+    WINDOW_COLUMNS,
     TopN,
     UnionAll,
+    Window,
     project,
 )
 from octo_platform.sqltext import quote, referenced_columns
@@ -34,6 +36,9 @@ def _prune(node: Node, needed: set[str]) -> Node:
     if isinstance(node, Filter):
         child = _prune(node.input, needed | referenced_columns(*node.conditions))
         return replace(node, columns=child.columns, input=child)
+    if isinstance(node, Window):  # every row counts (a hop repeats it): keep its windows
+        child = _prune(node.input, (needed - set(WINDOW_COLUMNS)) | {node.time})
+        return replace(node, input=child, columns=child.columns + WINDOW_COLUMNS)
     if isinstance(node, Aggregate):
         args = {a.arg for a in node.aggs if a.arg is not None}
         return replace(node, input=_prune(node.input, set(node.keys) | args))
