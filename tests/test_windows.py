@@ -94,3 +94,83 @@ def test_window_errors_point_at_the_sql(from_, message):
         build_catalog(parse_sql(text, path="w.sql"))
     assert message in str(err.value)
     assert str(err.value).startswith("w.sql:5:")
+
+
+CLOSING = {
+    "e_tumble": f"""SELECT window_start, window_end, user_id, COUNT(*) AS n, MAX(amount) AS top,
+        COUNT(DISTINCT amount) AS amounts FROM {TUMBLE}
+        GROUP BY window_start, window_end, user_id EMIT ON WINDOW CLOSE""",
+    "e_hop": """SELECT window_end, SUM(amount) AS s FROM
+        HOP(clicks, ts, INTERVAL '30' SECOND, INTERVAL '90' SECOND)
+        GROUP BY window_end HAVING COUNT(*) > 2 EMIT ON WINDOW CLOSE""",
+}
+
+
+def test_emit_on_window_close(spark, tmp_path):
+    """After every run, each table holds exactly the batch result of the windows the
+    watermark has closed, written once each as inserts (closed in the batch that moved
+    the watermark past their end)."""
+    from tests.oracle import batch_result, changelog_events, replay
+
+    seed = 20261127
+    rng = random.Random(seed)
+    max_files = rng.randint(1, 2)
+    sql = "\n".join([source_sql(False, max_files),
+                     *(f"CREATE STREAMING TABLE {n} AS {q};" for n, q in CLOSING.items())])
+    (tmp_path / "sql").mkdir()
+    (tmp_path / "sql" / "closing.sql").write_text(sql)
+    project = load_project(tmp_path)
+    assert all(project.table(n).definition.plan.mode == "append-only" for n in CLOSING)
+    src = TimedSource(seed, False)
+    for round_no in range(3):
+        write_round(src, rng, tmp_path / "data" / "clicks", round_no, max_files)
+        run_tables(spark, tmp_path, options=default_options(buckets=4, progress=None),
+                   until_idle=True)
+        for name in CLOSING:
+            end = project.table(name).definition.columns.index("window_end")
+            closed = {row: n for row, n in batch_result(
+                spark, sql, {"clicks": src.relation()}, name).items()
+                if row[end] <= src.watermark}
+            assert replay(tmp_path / "warehouse", name) == closed, (round_no, name)
+            assert {e["op"] for e in changelog_events(tmp_path / "warehouse", name)} <= {"c"}
+    assert closed, "windows closed"
+
+
+def test_closed_windows_leave_the_state(spark, tmp_path):
+    """200 one-minute windows stream through; the aggregate's state (rows in its Delta
+    table at each committed batch, by the version the batch log records) stays bounded
+    by the windows open at a time, not by all windows seen."""
+    import json as js
+    from datetime import timedelta
+
+    from deltalake import DeltaTable
+
+    from tests.oracle import write_lines
+    from tests.timed import START
+
+    sql = source_sql(False, 1) + f"""
+CREATE STREAMING TABLE per_minute AS SELECT window_start, user_id, COUNT(*) AS n
+FROM {TUMBLE} GROUP BY window_start, user_id;"""
+    (tmp_path / "sql").mkdir()
+    (tmp_path / "sql" / "state.sql").write_text(sql)
+    for f in range(20):  # each file: 10 minutes, a click every 20 s per user (3 users)
+        lines = [js.dumps({"id": f * 1000 + i, "user_id": i % 3, "amount": 1,
+                           "ts": (START + timedelta(seconds=20 * (i // 3) + 600 * f))
+                           .isoformat()}) for i in range(90)]
+        write_lines(tmp_path / "data" / "clicks", f"f{f:02d}.json", lines)
+    run = run_tables(spark, tmp_path, options=default_options(buckets=2, progress=None),
+                     until_idle=True)
+    assert len(run.batches) == 20
+    log = DeltaTable(str(tmp_path / "warehouse" / "_octo" / "per_minute" / "log"))
+    commits = [js.loads(r["payload"]) for r in sorted(
+        log.to_pyarrow_table().to_pylist(), key=lambda r: r["batch_id"])
+        if r["kind"] == "commit"]
+    state = tmp_path / "warehouse" / "_octo" / "per_minute" / "state" / "agg3"
+    sizes = [DeltaTable(str(state), version=c["versions"]["state/agg3"]).to_pyarrow_table()
+             .num_rows for c in commits]
+    # 600 groups in all (200 windows x 3 users); a batch adds 30 and a window stays open
+    # for the 30 s watermark delay, so the state holds a few batches' groups at most.
+    print("state rows after each batch:", sizes)
+    assert max(sizes) <= 150, sizes
+    current = DeltaTable(str(tmp_path / "warehouse" / "_current" / "per_minute"))
+    assert current.to_pyarrow_table().num_rows == 600  # closed windows stay in the result

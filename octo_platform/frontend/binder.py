@@ -7,13 +7,18 @@ plan, and the result is a ``definitions.TableDef``.
 """
 from __future__ import annotations
 
+from dataclasses import replace
+
 from octo_platform.errors import CatalogError, SqlError
 from octo_platform.frontend.definitions import SinkDef, SourceDef, TableDef
 from octo_platform.frontend.options import sink_def, source_def, table_options
 from octo_platform.frontend.parser import SinkStmt, SourceStmt, Statement, TableStmt, ViewStmt
 from octo_platform.frontend.queries import QueryBinder
 from octo_platform.frontend.shapes import check_bounded
+from octo_platform.logical.lineage import column_lineage
 from octo_platform.logical.optimizer import RULES, Rule, optimize
+from octo_platform.logical.plan import Aggregate, Filter, Node, Project, transform
+from octo_platform.logical.windows import closing_key
 
 __all__ = ["Catalog", "build_catalog"]
 
@@ -109,6 +114,33 @@ class Catalog:
         return [*self.sources, *self.views, *self._table_stmts, *self._sink_stmts]
 
 
+def _emit_on_close(catalog: Catalog, stmt: TableStmt, plan: Node) -> Node:
+    """``plan`` with its windowed GROUP BY emitting each window once, when it closes; an
+    error at the clause when the query cannot."""
+    at = stmt.file.location(stmt.emit_offset or 0)
+    what = f"streaming table {stmt.name!r}: EMIT ON WINDOW CLOSE"
+    agg = plan
+    while isinstance(agg, (Filter, Project)):
+        agg = agg.input
+    closing = closing_key(agg) if isinstance(agg, Aggregate) else None
+    if not isinstance(agg, Aggregate) or closing is None:
+        raise SqlError(f"{what} needs a query that ends in a GROUP BY window_start or "
+                       "window_end of a TUMBLE or HOP (optionally filtered or projected): "
+                       "a window's result is what closes", at)
+    if agg.input.mode != "append-only":
+        raise SqlError(f"{what} needs an append-only input to the windowed GROUP BY (an "
+                       "updating input could change a window after it closed)", at)
+    window = closing.window
+    for scan, column in sorted(column_lineage(window.input)[window.time]):
+        source = catalog.sources.get(scan.lower())
+        mark = source.watermark if source is not None else None
+        if mark is None or mark.column.lower() != column.lower():
+            raise SqlError(f"{what} needs a watermark on the window's time column "
+                           f"{window.time!r}: declare WATERMARK FOR {column} on source "
+                           f"{scan} (a window closes when the watermark passes its end)", at)
+    return transform(plan, lambda n: replace(n, emit_on_close=True) if n is agg else n)
+
+
 def build_catalog(statements: list[Statement], *, rules: tuple[Rule, ...] = RULES) -> Catalog:
     """Bind all statements; raises on the first error so nothing runs with a broken project."""
     catalog = Catalog(statements, rules)
@@ -121,6 +153,8 @@ def _bind_table(catalog: Catalog, stmt: TableStmt) -> TableDef:
     binder = QueryBinder(catalog, stmt.file)
     plan = optimize(binder.query(stmt.query, {}), catalog.rules)
     check_bounded(plan, stmt)
+    if stmt.emit_offset is not None:
+        plan = _emit_on_close(catalog, stmt, plan)
     pk, partitioning = table_options(stmt, plan.columns)
     return TableDef(stmt.name, plan, dict(stmt.options), stmt.sql, stmt.file.path,
                     pk if pk is not None else plan.pk, tuple(sorted(binder.deps)),

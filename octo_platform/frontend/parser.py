@@ -94,7 +94,7 @@ class SourceStmt(_Located):
 
 @dataclass(frozen=True)
 class TableStmt(_Located):
-    """``CREATE STREAMING TABLE name [WITH (...)] AS query``."""
+    """``CREATE STREAMING TABLE name [WITH (...)] AS query [EMIT ON WINDOW CLOSE]``."""
 
     name: str
     query: exp.Query
@@ -103,6 +103,7 @@ class TableStmt(_Located):
     file: SqlFile = field(repr=False, compare=False)
     offset: int = 0
     option_offsets: dict[str, int] = field(default_factory=dict, repr=False, compare=False)
+    emit_offset: int | None = None  # where ``EMIT ON WINDOW CLOSE`` is written, if it is
 
 
 @dataclass(frozen=True)
@@ -268,8 +269,9 @@ def _parse_statement(sql_file: SqlFile, tokens: list[Token]) -> Statement:
         name = cur.name("a table name")
         options, offsets = cur.options()
         cur.expect("AS", "AS")
+        emit = _emit_clause(cur)
         query, sql = _parse_query(sql_file, cur)
-        return TableStmt(name, query, options, sql, sql_file, start, offsets)
+        return TableStmt(name, query, options, sql, sql_file, start, offsets, emit)
     if cur.take("SINK"):
         name = cur.name("a sink name")
         cur.expect("FROM followed by the streaming table it publishes", "FROM")
@@ -287,6 +289,25 @@ def _parse_statement(sql_file: SqlFile, tokens: list[Token]) -> Statement:
         query, sql = _parse_query(sql_file, cur)
         return ViewStmt(name, query, sql, sql_file, start)
     raise cur.error("expected SOURCE, STREAMING TABLE, VIEW or SINK after CREATE")
+
+
+EMIT_CLAUSE = ("EMIT", "ON", "WINDOW", "CLOSE")
+
+
+def _emit_clause(cur: _Cursor) -> int | None:
+    """Take a trailing ``EMIT ON WINDOW CLOSE`` off the statement's tokens; its offset."""
+    emits = [i for i in range(cur.i, len(cur.tokens)) if cur.tokens[i].text.upper() == "EMIT"
+             and cur.tokens[i].token_type != TokenType.STRING]
+    if not emits:
+        return None
+    at = emits[-1]
+    if [t.text.upper() for t in cur.tokens[at:]] != list(EMIT_CLAUSE):
+        raise cur.file.error("expected EMIT ON WINDOW CLOSE at the end of the statement "
+                             "(the only emit policy besides the default, which emits every "
+                             "change)", cur.tokens[at].start)
+    offset = cur.tokens[at].start
+    del cur.tokens[at:]
+    return offset
 
 
 def _padded(sql_file: SqlFile, begin: int, end: int) -> str:

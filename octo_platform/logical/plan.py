@@ -145,11 +145,14 @@ class Aggregate(Unary):
 
     With no keys it is a global aggregate (exactly one output row, even over empty input).
     ``distinct`` marks a ``SELECT DISTINCT`` / ``UNION`` (keys = every input column, no aggs).
+    ``emit_on_close``: grouped by a window, it emits each group once, when the watermark
+    closes its window (append-only output).
     """
 
     keys: tuple[str, ...] = ()
     aggs: tuple[AggCall, ...] = ()
     distinct: bool = False
+    emit_on_close: bool = False  # EMIT ON WINDOW CLOSE: each window's result once, final
 
     def describe(self) -> str:
         keys = ", ".join(quote(k) for k in self.keys) or "()"
@@ -157,7 +160,8 @@ class Aggregate(Unary):
             f"{a.render()} AS {quote(c)}"
             for a, c in zip(self.aggs, self.columns[len(self.keys) :])
         )
-        return f"Aggregate keys=[{keys}] aggs=[{aggs}]"
+        emit = " emit=on window close" if self.emit_on_close else ""
+        return f"Aggregate keys=[{keys}] aggs=[{aggs}]{emit}"
 
 
 @dataclass(frozen=True)
@@ -279,7 +283,8 @@ def changelog_mode(node: Node) -> Mode:
         return "updating" if any(c.mode == "updating" for c in node.children) else "append-only"
     appends = all(i.mode == "append-only" for i in node.inputs)
     if isinstance(node, Aggregate):
-        return "append-only" if node.distinct and appends else "updating"
+        return "append-only" if node.distinct and appends or node.emit_on_close \
+            else "updating"
     if isinstance(node, Join):
         return "append-only" if node.kind in ("inner", "semi") and appends else "updating"
     if isinstance(node, TopN):

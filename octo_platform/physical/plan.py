@@ -12,7 +12,9 @@ from typing import Literal
 
 from octo_platform.logical import plan as lp
 from octo_platform.logical.plan import Mode
+from octo_platform.logical.windows import closing_key
 from octo_platform.sqltext import quote
+from octo_platform.timeunits import span_text
 
 __all__ = [
     "PNode",
@@ -110,6 +112,11 @@ class PAggregate(PNode):
     input: PNode = field(default=None)  # type: ignore[assignment]
     keys: tuple[str, ...] = ()
     aggs: tuple[PAgg, ...] = ()
+    # (key, µs): a group is final once the watermark reaches ``key + µs`` (its window's
+    # end); its state is then dropped. Only over append-only input (nothing retracts from
+    # a closed window).
+    closes: tuple[str, int] | None = None
+    emit_on_close: bool = False  # emit each group once, final, when its window closes
 
     @property
     def inputs(self) -> tuple[PNode, ...]:
@@ -118,6 +125,12 @@ class PAggregate(PNode):
     @property
     def is_global(self) -> bool:
         return not self.keys
+
+    def closed_sql(self, watermark: int) -> str:
+        """SQL: the group's window is closed at ``watermark`` (µs since the epoch)."""
+        assert self.closes is not None
+        key, offset = self.closes
+        return f"unix_micros({quote(key)}) + {offset} <= {watermark}"
 
     def multiset_table(self, i: int) -> str:
         return f"{self.id}_values{i}"
@@ -129,8 +142,13 @@ class PAggregate(PNode):
     def describe(self) -> str:
         keys = ", ".join(quote(k) for k in self.keys) or "() global"
         aggs = ", ".join(f"{a.render()}:{a.strategy}" for a in self.aggs) or "none (distinct)"
+        closes = "" if self.closes is None else (
+            f" closes when watermark >= {quote(self.closes[0])} + "
+            f"{span_text(self.closes[1]) if self.closes[1] else '0'} (state dropped)")
+        emit = " emit=on window close" if self.emit_on_close else ""
         return (f"HashAggregate keys=[{keys}] aggs=[{aggs}] input={self.input.mode} "
-                f"state=[{', '.join(self.state_tables())}] as keyed change logs")
+                f"state=[{', '.join(self.state_tables())}] as keyed change logs"
+                f"{closes}{emit}")
 
 
 @dataclass(frozen=True)
@@ -234,6 +252,11 @@ class PhysicalPlan:
         return tuple(t for n in _walk(self.root) for t in n.state_tables())
 
     @property
+    def closes_windows(self) -> bool:
+        """An aggregate closes windows: a batch needs its new watermark before it runs."""
+        return any(isinstance(n, PAggregate) and n.closes for n in _walk(self.root))
+
+    @property
     def fingerprint(self) -> str:
         """Changes whenever the plan (and so the meaning of its state) changes."""
         return hashlib.sha256(explain(self).encode()).hexdigest()[:16]
@@ -277,8 +300,12 @@ def lower(table: str, root: lp.Node, pk: tuple[str, ...] | None) -> PhysicalPlan
                 PAgg(a.func, a.arg, a.distinct, _strategy(a, child.mode), name)
                 for a, name in zip(node.aggs, node.columns[len(node.keys):])
             )
+            closing = closing_key(node) if child.mode == "append-only" else None
             return PAggregate(next_id("agg"), node.columns, node.mode, input=child,
-                              keys=node.keys, aggs=aggs)
+                              keys=node.keys, aggs=aggs,
+                              closes=None if closing is None else (closing.key,
+                                                                   closing.offset_us),
+                              emit_on_close=node.emit_on_close)
         if isinstance(node, lp.UnionAll):
             kids = tuple(go(c) for c in node.children)
             return PUnion(next_id("union"), node.columns, node.mode, children=kids)

@@ -64,6 +64,7 @@ def read_inputs(pipe: Pipeline, ctx: BatchContext, inputs: dict[str, Any],
     """
     observed: list[_Observed] = []
     size = 0
+    after: dict[str, int | None] = {}  # sources' watermarks after the batch, if needed now
     for src in pipe.table.physical.sources:
         got = inputs.get(source_key(src.kind, src.name))
         dsrc = pipe.delta_sources.get(src.name.lower()) if src.kind == "source" else None
@@ -101,12 +102,20 @@ def read_inputs(pipe: Pipeline, ctx: BatchContext, inputs: dict[str, Any],
         if sdef.watermark is not None:
             records, timed = _late(records, sdef, watermarks.get(key))
             exprs += [f"count_if(startswith(_reason, '{LATE}')) AS late", timed]
+            if pipe.table.physical.closes_windows:  # windows close in this batch: its
+                records = ctx.persist(records)  # watermark is needed before it runs
+                latest = records.selectExpr(timed).collect()[0][0]
+                after[key] = advanced(watermarks.get(key), latest, sdef.watermark.delay_us)
         observed.append(_Observed.watch(src.name, records, *exprs, key=key,
                                         watermark=sdef.watermark, before=watermarks.get(key)))
         records = observed[-1].records
         ctx.inputs[src.name.lower()] = parsed.rows(records.filter("_reason IS NULL"))
     # Any superset of the touched buckets is correct; a large batch touches them all.
     ctx.all_buckets = size > ALL_BUCKETS_BYTES
+    ctx.watermark_before = table_watermark(watermarks, pipe.watermarked)
+    if after:
+        ctx.watermark = table_watermark({k: v for k, v in after.items() if v is not None},
+                                        pipe.watermarked)
     return observed
 
 
@@ -133,6 +142,19 @@ def _late(records: DataFrame, sdef: SourceDef, before: int | None) -> tuple[Data
             f"max(CASE WHEN _reason IS NULL THEN unix_micros({time}) END) AS latest")
 
 
+def advanced(before: int | None, latest: int | None, delay_us: int) -> int | None:
+    """A source's watermark after reading rows whose latest event time is ``latest``."""
+    marks = [w for w in (before, None if latest is None else latest - delay_us)
+             if w is not None]
+    return max(marks) if marks else None
+
+
+def table_watermark(marks: dict[str, int], sources: int) -> int | None:
+    """A table's watermark: the least of its ``sources`` watermarked sources' ``marks``
+    (None until each of them has one)."""
+    return min(marks.values()) if sources and len(marks) >= sources else None
+
+
 def iso_time(micros: int) -> str:
     """A watermark (microseconds since the epoch) as UTC text, as Spark shows timestamps."""
     return (datetime(1970, 1, 1) + timedelta(microseconds=micros)).isoformat(sep=" ")
@@ -148,11 +170,9 @@ def settle_inputs(observed: list[_Observed], stats: BatchStats) -> list[DataFram
         stats.dead_letters += counts["bad"]
         if o.watermark is not None:
             stats.late_rows += counts["late"]
-            latest = counts["latest"]
-            candidates = [w for w in (o.before, None if latest is None
-                                      else latest - o.watermark.delay_us) if w is not None]
-            if candidates:
-                stats.watermarks[o.key] = max(candidates)
+            mark = advanced(o.before, counts["latest"], o.watermark.delay_us)
+            if mark is not None:
+                stats.watermarks[o.key] = mark
         if counts["bad"]:
             dead.append(o.records.filter("_reason IS NOT NULL").selectExpr(
                 "_raw AS raw", "_file AS source_file", f"'{o.source}' AS source",

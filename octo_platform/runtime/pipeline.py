@@ -25,6 +25,7 @@ from octo_platform.runtime.inputs import (
     iso_time,
     read_inputs,
     settle_inputs,
+    table_watermark,
 )
 from octo_platform.runtime.layout import Layout, ScratchLayout
 from octo_platform.runtime.metrics import JobCounter
@@ -65,9 +66,7 @@ class BatchStats:
     def watermark(self) -> int | None:
         """The table's watermark: the least of its sources' (None until every source that
         declares one has one)."""
-        if not self.watermarked or len(self.watermarks) < self.watermarked:
-            return None
-        return min(self.watermarks.values())
+        return table_watermark(self.watermarks, self.watermarked)
 
     def line(self) -> str:
         ops = " ".join(f"{op}={self.events.get(op, 0)}" for op in ("c", "u", "d"))

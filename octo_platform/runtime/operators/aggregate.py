@@ -99,7 +99,8 @@ class Aggregate:
         old = latest(ctx.spark, ctx.state_log(node.id), shape.state_schema, names,
                      wanted=dagg.select(*self.keys) if self.keys else None, alive=alive)
         ctx.compact(node.id, lambda files, full: merge_keyed(
-            ctx.spark, files, shape.state_schema, names, full=full, alive=alive))
+            ctx.spark, files, shape.state_schema, names, full=full,
+            alive=self.kept(alive)))
         d = dagg
         for i in shape.ms_schemas:
             result = self.multiset(i, delta, shape.ms_schemas[i])
@@ -115,7 +116,39 @@ class Aggregate:
             *[f"n{f.name} AS {f.name}" for f in shape.state_schema.fields[len(self.keys) + 1:]],
             f"CAST({ctx.batch} AS BIGINT) AS {BATCH}")
         ctx.append_log(node.id, new_state)
+        if node.emit_on_close:
+            return self.closing(table, shape)
         return self.output(table, shape)
+
+    def kept(self, alive: str | None) -> str | None:
+        """What a full compaction keeps: live groups, and of a windowed aggregate only
+        those of windows still open (a closed window's group is never touched again)."""
+        node, mark = self.node, self.ctx.watermark
+        if node.closes is None or mark is None:
+            return alive
+        open_ = f"NOT ({node.closed_sql(mark)})"
+        return f"({alive}) AND {open_}" if alive else open_
+
+    def closing(self, table: DataFrame, shape: _AggShape) -> DataFrame:
+        """EMIT ON WINDOW CLOSE: the final rows of the groups whose window this batch's
+        watermark closes (touched by the batch or not), each once, as inserts."""
+        node, ctx = self.node, self.ctx
+        if ctx.watermark is None or ctx.watermark == ctx.watermark_before:
+            return self.rows(table.limit(0), shape, "n")
+        closes = node.closed_sql(ctx.watermark)
+        if ctx.watermark_before is not None:
+            closes += f" AND NOT ({node.closed_sql(ctx.watermark_before)})"
+        accs = [f.name for f in shape.state_schema.fields[len(self.keys) + 1:]]
+        cols = [*self.keys, f"n{COUNT}", *[f"n{a}" for a in accs]]
+        touched = table.filter("_touched").filter(closes).selectExpr(*cols)
+        on = " AND ".join(f"o.{k} <=> t.{k}" for k in self.keys)
+        untouched = (latest(ctx.spark, ctx.state_log(node.id), shape.state_schema,
+                            list(node.keys), alive=f"{COUNT} != 0").filter(closes).alias("o")
+                     .join(table.filter("_touched").alias("t"), sql_expr(on), "left_anti")
+                     .selectExpr(*[f"o.{k}" for k in self.keys], f"o.{COUNT} AS n{COUNT}",
+                                 *[f"o.{a} AS n{a}" for a in accs]))
+        final = touched.unionByName(untouched).filter(f"n{COUNT} > 0")
+        return self.rows(final, shape, "n")
 
     def merge_exprs(self, shape: _AggShape) -> list[str]:
         """Old and new accumulators side by side for every row of the touched buckets."""
@@ -153,7 +186,7 @@ class Aggregate:
         old = latest(ctx.spark, ctx.state_log(table), schema, names,
                      wanted=delta.select(*self.keys) if self.keys else None, alive="cnt != 0")
         ctx.compact(table, lambda files, full: merge_keyed(
-            ctx.spark, files, schema, names, full=full, alive="cnt != 0"))
+            ctx.spark, files, schema, names, full=full, alive=self.kept("cnt != 0")))
         on = " AND ".join(f"o.{c} <=> d.{c}" for c in [*self.keys, "v"])
         merged = ctx.persist(old.alias("o").join(dv.alias("d"), sql_expr(on), "full_outer")
                              .selectExpr(*[f"coalesce(o.{c}, d.{c}) AS {c}"
@@ -198,5 +231,13 @@ class Aggregate:
             f"explode(filter(array({side(old_v, old_exists, -1)[0]}, "
             f"{side(new_v, new_exists, 1)[0]}), x -> x IS NOT NULL)) AS r")
         return rows.selectExpr("r.*")
+
+    def rows(self, accs: DataFrame, shape: _AggShape, side: str) -> DataFrame:
+        """Output rows (weight 1) of the ``side`` accumulators of ``accs``' groups."""
+        names = [quote(c) for c in self.node.columns]
+        types = [f.dataType.simpleString() for f in shape.out_schema.fields]
+        return accs.selectExpr(*[f"CAST({v} AS {t}) AS {n}" for v, t, n in
+                                 zip(self.values(side), types, names)],
+                               f"CAST(1 AS BIGINT) AS {W}")
 
 

@@ -53,6 +53,10 @@ class BatchContext:
     all_buckets: bool = False  # a large batch touches every bucket: skip finding which
     writes: list[StagedWrite] = field(default_factory=list)
     persisted: list[DataFrame] = field(default_factory=list)
+    # The table's watermark (µs since the epoch) as the batch began and after it (None:
+    # none yet); windows whose end is at most ``watermark`` are closed by this batch.
+    watermark_before: int | None = None
+    watermark: int | None = None
 
     def persist(self, df: DataFrame) -> DataFrame:
         df = df.persist()

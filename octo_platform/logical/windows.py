@@ -1,0 +1,48 @@
+"""Which columns of a plan are window bounds, so an aggregate grouped by a window knows
+when a group is final: once the query's watermark reaches the window's end."""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from octo_platform.logical.plan import WINDOW_COLUMNS, Aggregate, Filter, Node, Project, Window
+from octo_platform.sqltext import unquote
+
+__all__ = ["Closing", "window_bound", "closing_key"]
+
+
+@dataclass(frozen=True)
+class Closing:
+    """A group key that is a window's start or end: the group is final when the
+    watermark is at least ``key + offset_us`` (the window's end)."""
+
+    key: str
+    offset_us: int
+    window: Window
+
+
+def window_bound(node: Node, column: str) -> tuple[Window, int] | None:
+    """When ``column`` of ``node`` is a window's start or end passed on unchanged (through
+    filters, bare projections and group keys): the window, and the microseconds to add to
+    the column's value to reach the window's end."""
+    if isinstance(node, Window):
+        if column in WINDOW_COLUMNS:
+            return node, node.size_us if column == WINDOW_COLUMNS[0] else 0
+        return window_bound(node.input, column)
+    if isinstance(node, Filter):
+        return window_bound(node.input, column)
+    if isinstance(node, Project):
+        source = unquote(node.exprs[node.columns.index(column)])
+        return None if source is None else window_bound(node.input, source)
+    if isinstance(node, Aggregate):
+        out = node.columns.index(column)
+        return window_bound(node.input, node.keys[out]) if out < len(node.keys) else None
+    return None
+
+
+def closing_key(agg: Aggregate) -> Closing | None:
+    """The first group key of ``agg`` that is a window bound, if any."""
+    for key in agg.keys:
+        found = window_bound(agg.input, key)
+        if found is not None:
+            return Closing(key, found[1], found[0])
+    return None
