@@ -5,8 +5,11 @@
 -- auctions_cdc: a Debezium change feed of a mutable auctions table (c/u/d/r events), so
 --               everything computed from it must handle updates and deletes (retractions).
 
+-- bids declares its event time: a bid more than 30 seconds older than the latest one read
+-- is late (a dead letter), and windows over date_time close as the watermark passes them.
 CREATE SOURCE bids (
-    auction BIGINT, bidder BIGINT, price BIGINT, channel STRING, url STRING, date_time TIMESTAMP
+    auction BIGINT, bidder BIGINT, price BIGINT, channel STRING, url STRING, date_time TIMESTAMP,
+    WATERMARK FOR date_time AS date_time - INTERVAL '30' SECOND
 ) WITH (connector = 'files', path = 'data/bids', format = 'json');
 
 CREATE SOURCE auctions (

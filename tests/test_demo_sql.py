@@ -17,6 +17,7 @@ EXPECTED_TABLES = {
     "auction_stats": "auctions",
     "bid_histogram": "auctions",
     "channel_stats": "bids",
+    "bids_per_minute": "bids",
     "whale_bids": "bids",
     "daily_volume": "bids",
     "category_reserve": "cdc",
@@ -88,6 +89,11 @@ def test_shapes_the_demo_shows(project: Project) -> None:
     assert project.table("whale_bids").physical.pk is None
     assert not any(isinstance(op, PAggregate)
                    for op in project.table("whale_bids").physical.operators)
+    # a tumbling window over a watermarked source, emitted when it closes
+    assert project.source("bids").watermark.delay_us == 30_000_000
+    per_minute = _aggregate(project, "bids_per_minute")
+    assert per_minute.emit_on_close and per_minute.closes is not None
+    assert project.table("bids_per_minute").definition.plan.mode == "append-only"
     order = [t.name for t in project.order()]
     assert order.index("auction_stats") < order.index("bid_histogram")
 

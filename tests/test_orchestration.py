@@ -14,7 +14,7 @@ from orchestration.translator import OctoTranslator
 from tests.oracle import RandomInput, batch_result, replay, write_lines
 
 TABLES = {"auction_stats", "bid_histogram", "hot_auctions", "channel_stats", "whale_bids",
-          "daily_volume", "auction_count", "category_prices", "category_reserve",
+          "daily_volume", "bids_per_minute", "auction_count", "category_prices", "category_reserve",
           "local_sellers"}
 SOURCES = {"bids", "auctions", "persons", "auctions_cdc"}
 
@@ -41,7 +41,8 @@ def test_example_definitions_load():
     assert groups == {
         **{t: "auctions" for t in ("auction_stats", "bid_histogram", "hot_auctions",
                                    "category_prices")},
-        **{t: "bids" for t in ("channel_stats", "whale_bids", "daily_volume")},
+        **{t: "bids" for t in ("channel_stats", "whale_bids", "daily_volume",
+                               "bids_per_minute")},
         **{t: "cdc" for t in ("auction_count", "category_reserve", "local_sellers")},
         **{s: "default" for s in SOURCES},  # sql/sources.sql is not in a sub-folder
     }

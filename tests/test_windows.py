@@ -174,3 +174,27 @@ FROM {TUMBLE} GROUP BY window_start, user_id;"""
     assert max(sizes) <= 150, sizes
     current = DeltaTable(str(tmp_path / "warehouse" / "_current" / "per_minute"))
     assert current.to_pyarrow_table().num_rows == 600  # closed windows stay in the result
+
+
+@pytest.mark.parametrize("query, message", [
+    ("SELECT user_id, COUNT(*) AS n FROM clicks GROUP BY user_id",
+     "needs a query that ends in a GROUP BY window_start or window_end"),
+    (f"SELECT window_start, user_id FROM {TUMBLE}",
+     "needs a query that ends in a GROUP BY window_start or window_end"),
+    ("SELECT window_start, COUNT(*) AS n FROM TUMBLE(cdc, ts, INTERVAL '1' MINUTE) "
+     "GROUP BY window_start", "needs an append-only input to the windowed GROUP BY"),
+    ("SELECT window_start, COUNT(*) AS n FROM TUMBLE(plain, ts, INTERVAL '1' MINUTE) "
+     "GROUP BY window_start", "declare WATERMARK FOR ts on source plain"),
+])
+def test_emit_on_window_close_errors_point_at_the_clause(query, message):
+    text = "\n".join([
+        source_sql(False, 1),
+        source_sql(True, 1).replace("clicks", "cdc"),
+        "CREATE SOURCE plain (id BIGINT, ts TIMESTAMP) WITH (connector = 'files', "
+        "path = 'p', format = 'json');",
+        f"CREATE STREAMING TABLE t AS {query}\n  EMIT ON WINDOW CLOSE;"])
+    line = text.count("\n", 0, text.index("  EMIT")) + 1
+    with pytest.raises(SqlError) as err:
+        build_catalog(parse_sql(text, path="e.sql"))
+    assert message in str(err.value)
+    assert str(err.value).startswith(f"e.sql:{line}:3:")
