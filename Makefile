@@ -4,7 +4,7 @@ VENV   ?= .venv
 PY     := $(VENV)/bin/python
 STAMP  := $(VENV)/.installed
 
-.PHONY: install demo demo-kafka test bench bench-full bench-joins bench-kafka explain clean ui ui-data
+.PHONY: install demo demo-kafka test bench bench-full bench-joins bench-kafka bench-windows explain clean ui ui-data
 
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -52,6 +52,10 @@ bench-joins: $(STAMP)
 # Kafka source + sink vs files, same aggregation (issue 11; about 80 s).
 bench-kafka: $(STAMP)
 	PYSPARK_PYTHON=$(abspath $(PY)) $(PY) benchmarks/kafka.py $(BENCH_ARGS)
+
+# Tumbling windows vs Spark's native window() and OctoSQL's figure (issue 10).
+bench-windows: $(STAMP)
+	PYSPARK_PYTHON=$(abspath $(PY)) $(PY) benchmarks/windows.py $(BENCH_ARGS)
 
 clean:
 	rm -rf $(VENV) warehouse .pytest_cache .dagster

@@ -111,7 +111,44 @@ def spark_sql(query: exp.Expression) -> str:
             f"window({time.sql('spark')}, {durations}) AS _w FROM {rel.name}) _x) AS {alias}",
             dialect="spark")
 
-    return query.copy().transform(spark_window).sql("spark")
+    return _sessions(query.copy()).transform(spark_window).sql("spark")
+
+
+def _sessions(query: exp.Expression) -> exp.Expression:
+    """Each SELECT over ``SESSION(rel, ts, gap)`` as Spark's ``session_window``: FROM the
+    relation, GROUP BY ``session_window(ts, gap)`` in place of the window columns, which
+    become ``session_window.start`` / ``.end``. Spark merges rows exactly one gap apart,
+    octo does not (a session is ``[first, last + gap)``): Spark gets the gap minus 1 µs,
+    and the end it reports is moved 1 µs on."""
+    from octo_platform.frontend.intervals import interval_micros
+    from octo_platform.frontend.parser import SESSION_CALL
+
+    for select in list(query.find_all(exp.Select)):
+        from_ = select.args.get("from_")
+        call = from_.this.this if from_ is not None and isinstance(from_.this, exp.Table) \
+            else None
+        if not isinstance(call, exp.Anonymous) or call.name.upper() != SESSION_CALL:
+            continue
+        rel, time, gap = call.expressions
+        alias = from_.this.alias
+        from_.set("this", exp.to_table(rel.name, alias=alias) if alias
+                  else exp.to_table(rel.name))
+        fn = sqlglot.parse_one(f"session_window({time.sql('spark')}, "
+                               f"'{interval_micros(gap) - 1} microseconds')", dialect="spark")
+        group = select.args["group"]
+        keys = [k for k in group.expressions
+                if not (isinstance(k, exp.Column) and k.name in ("window_start", "window_end"))]
+        group.set("expressions", [fn, *keys])
+        for col in list(select.find_all(exp.Column)):
+            if col.name in ("window_start", "window_end") and col.find_ancestor(exp.Group) \
+                    is None:
+                bound = ("session_window.start" if col.name == "window_start" else
+                         "session_window.end + INTERVAL 1 MICROSECOND")
+                replacement = sqlglot.parse_one(bound, dialect="spark")
+                if col.parent is not None and isinstance(col.parent, exp.Select):
+                    replacement = exp.alias_(replacement, col.name)
+                col.replace(replacement)
+    return query
 
 
 def batch_result(spark, sql_text: str, inputs: dict[str, list[dict[str, Any]]],

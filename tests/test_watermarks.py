@@ -100,6 +100,23 @@ def test_watermark_boundaries_and_resume(spark, tmp_path):
     assert reasons[3] == ("late: ts 2026-01-01 10:09:29.999999 is below the watermark "
                           "2026-01-01 10:09:30")
 
+    # Dagster's materialization and the backlog sensor's observation carry them too.
+    import time
+
+    import dagster as dg
+
+    from orchestration.automation import observation
+    from orchestration.runs import run_metadata
+    from octo_platform.runtime.status import table_status
+
+    options = default_options(buckets=2, progress=None)
+    status = table_status(load_project(tmp_path), "big_clicks", options=options)
+    meta = run_metadata(run.for_table("big_clicks"), status, 1.0)
+    assert (meta["watermark"], meta["late_rows"], meta["dead_letters"]) == (
+        "2026-01-01 10:09:30", 3, 3)
+    seen = observation(dg.AssetKey("big_clicks"), status, time.time()).metadata
+    assert (seen["watermark"].value, seen["late_rows"].value) == ("2026-01-01 10:09:30", 3)
+
 
 @pytest.mark.parametrize("column_list, message", [
     ("ts TIMESTAMP, WATERMARK FOR tx AS tx", "WATERMARK FOR tx: no such column"),
@@ -127,3 +144,41 @@ def test_watermark_is_declared_with_the_columns():
     delta = text.replace("'files', path = 'd', format = 'json'", "'delta', path = 'd'")
     with pytest.raises(SqlError, match="a WATERMARK needs connector 'files' or 'kafka'"):
         build_catalog(parse_sql(delta))
+
+
+def test_a_kafka_source_with_a_watermark(spark, tmp_path):
+    """Late Kafka records become dead letters naming their partition and offset."""
+    from tests.kafka_broker import Producer, create_topic, tansu
+
+    with tansu() as address:
+        create_topic(address, "clicks", 2)
+        (tmp_path / "sql").mkdir()
+        (tmp_path / "sql" / "k.sql").write_text(
+            "CREATE SOURCE clicks (id BIGINT, user_id BIGINT, amount BIGINT, ts TIMESTAMP,\n"
+            "  WATERMARK FOR ts AS ts - INTERVAL '1' MINUTE)\n"
+            f"WITH (connector = 'kafka', bootstrap_servers = '{address}', topic = 'clicks', "
+            "format = 'json');\n"
+            "CREATE STREAMING TABLE per_user AS SELECT user_id, COUNT(*) AS n FROM clicks "
+            "GROUP BY user_id;")
+        producer = Producer(address)
+
+        def send(partition: int, i: int, ts: str) -> None:
+            producer.send("clicks", partition, json.dumps(
+                {"id": i, "user_id": i % 2, "amount": 1, "ts": ts}))
+
+        send(0, 1, "2026-01-01T10:00:00")
+        send(1, 2, "2026-01-01T10:05:00")  # watermark 10:04:00
+        options = default_options(buckets=2, progress=None)
+        run_tables(spark, tmp_path, options=options, until_idle=True)
+        send(0, 3, "2026-01-01T10:03:59")  # late
+        send(1, 4, "2026-01-01T10:04:00")  # on time
+        run = run_tables(spark, tmp_path, options=options, until_idle=True)
+        assert [(b.rows_in, b.late_rows) for b in run.batches] == [(1, 1)]
+    dead = DeltaTable(str(tmp_path / "warehouse" / "_dead_letters" / "per_user"))
+    (row,) = dead.to_pyarrow_table().to_pylist()
+    assert row["reason"].startswith("late: ts 2026-01-01 10:03:59 is below the watermark "
+                                    "2026-01-01 10:04:00")
+    assert row["source_file"] == "clicks/0@1" and json.loads(row["raw"])["id"] == 3
+    rows = DeltaTable(str(tmp_path / "warehouse" / "_current" / "per_user")).to_pyarrow_table()
+    assert sorted(zip(rows.column("user_id").to_pylist(), rows.column("n").to_pylist())) == [
+        (0, 2), (1, 1)]

@@ -103,6 +103,9 @@ CLOSING = {
     "e_hop": """SELECT window_end, SUM(amount) AS s FROM
         HOP(clicks, ts, INTERVAL '30' SECOND, INTERVAL '90' SECOND)
         GROUP BY window_end HAVING COUNT(*) > 2 EMIT ON WINDOW CLOSE""",
+    "e_session": """SELECT window_end, user_id, COUNT(*) AS n FROM
+        SESSION(clicks, ts, INTERVAL '20' SECOND) GROUP BY window_end, user_id
+        EMIT ON WINDOW CLOSE""",
 }
 
 
@@ -198,3 +201,35 @@ def test_emit_on_window_close_errors_point_at_the_clause(query, message):
         build_catalog(parse_sql(text, path="e.sql"))
     assert message in str(err.value)
     assert str(err.value).startswith(f"e.sql:{line}:3:")
+
+
+SESSIONS = {
+    "s_user": """SELECT window_start, window_end, user_id, COUNT(*) AS n, SUM(amount) AS s
+        FROM SESSION(clicks, ts, INTERVAL '20' SECOND)
+        GROUP BY window_start, window_end, user_id""",
+    "s_all": """SELECT window_start, window_end, COUNT(*) AS n, MAX(amount) AS top
+        FROM TABLE(SESSION(TABLE clicks, DESCRIPTOR(ts), INTERVAL '6' SECONDS))
+        GROUP BY window_start, window_end HAVING COUNT(*) > 1""",
+}
+
+
+@pytest.mark.parametrize("debezium", [False, True], ids=["append-only", "debezium"])
+def test_session_windows_match_batch_sql(spark, tmp_path, debezium):
+    """Sessions grow, merge and (over a CDC feed) split as rows come, go and move; the
+    replay equals Spark's own ``session_window`` over the rows that were not late."""
+    seed = 20261128 + int(debezium)
+    rng = random.Random(seed)
+    max_files = rng.randint(1, 2)
+    sql = "\n".join([source_sql(debezium, max_files),
+                     *(f"CREATE STREAMING TABLE {n} AS {q};" for n, q in SESSIONS.items())])
+    (tmp_path / "sql").mkdir()
+    (tmp_path / "sql" / "sessions.sql").write_text(sql)
+    project = load_project(tmp_path)
+    keyed = {n: project.table(n).physical.pk is not None for n in SESSIONS}
+    src = TimedSource(seed, debezium)
+    for round_no in range(3):
+        write_round(src, rng, tmp_path / "data" / "clicks", round_no, max_files)
+        run_tables(spark, tmp_path, options=default_options(buckets=4, progress=None),
+                   until_idle=True)
+        check_tables(spark, tmp_path / "warehouse", sql, {"clicks": src.relation()}, keyed,
+                     round_no)

@@ -14,11 +14,11 @@ from octo_platform.frontend.definitions import SinkDef, SourceDef, TableDef
 from octo_platform.frontend.options import sink_def, source_def, table_options
 from octo_platform.frontend.parser import SinkStmt, SourceStmt, Statement, TableStmt, ViewStmt
 from octo_platform.frontend.queries import QueryBinder
-from octo_platform.frontend.shapes import check_bounded
+from octo_platform.frontend.shapes import check_bounded, check_sessions
 from octo_platform.logical.lineage import column_lineage
 from octo_platform.logical.optimizer import RULES, Rule, optimize
 from octo_platform.logical.plan import Aggregate, Filter, Node, Project, transform
-from octo_platform.logical.windows import closing_key
+from octo_platform.logical.windows import closing_key, final_when_closed
 
 __all__ = ["Catalog", "build_catalog"]
 
@@ -127,7 +127,7 @@ def _emit_on_close(catalog: Catalog, stmt: TableStmt, plan: Node) -> Node:
         raise SqlError(f"{what} needs a query that ends in a GROUP BY window_start or "
                        "window_end of a TUMBLE or HOP (optionally filtered or projected): "
                        "a window's result is what closes", at)
-    if agg.input.mode != "append-only":
+    if not final_when_closed(agg, closing):
         raise SqlError(f"{what} needs an append-only input to the windowed GROUP BY (an "
                        "updating input could change a window after it closed)", at)
     window = closing.window
@@ -153,6 +153,7 @@ def _bind_table(catalog: Catalog, stmt: TableStmt) -> TableDef:
     binder = QueryBinder(catalog, stmt.file)
     plan = optimize(binder.query(stmt.query, {}), catalog.rules)
     check_bounded(plan, stmt)
+    check_sessions(plan, stmt)
     if stmt.emit_offset is not None:
         plan = _emit_on_close(catalog, stmt, plan)
     pk, partitioning = table_options(stmt, plan.columns)

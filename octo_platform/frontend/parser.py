@@ -337,12 +337,13 @@ def _parse_query(sql_file: SqlFile, cur: _Cursor) -> tuple[exp.Query, str]:
 
 
 WINDOW_TVFS = ("TUMBLE", "HOP", "SESSION")
+SESSION_CALL = "SESSWIN"  # what a SESSION(...) call in FROM is parsed as (same length)
 
 
 def _short_windows(text: str, tokens: list[Token]) -> str:
     """Flink's long form of a window function, ``TABLE(TUMBLE(TABLE t, DESCRIPTOR(ts),
     ...))``, as the short one, ``TUMBLE(t, ts, ...)``: the extra words and parentheses
-    blanked, so every offset stays the file's."""
+    blanked, so every offset stays the file's; ``SESSION(`` as ``SESSWIN(``."""
 
     def closing(i: int) -> int:  # index of the parenthesis closing the one at i
         depth = 0
@@ -371,6 +372,10 @@ def _short_windows(text: str, tokens: list[Token]) -> str:
     chars = list(text)
     for tok in blank:
         chars[tok.start:tok.end + 1] = " " * (tok.end + 1 - tok.start)
+    for i in range(len(tokens)):  # sqlglot cannot parse SESSION(...): the same-length name
+        if word(i) == "SESSION" and paren(i + 1) and (i == 0 or word(i - 1) in (
+                "FROM", "JOIN", ",", "(")):
+            chars[tokens[i].start:tokens[i].end + 1] = SESSION_CALL
     return "".join(chars)
 
 

@@ -7,13 +7,14 @@ straightforwardly: the optimizer's rules then push filters, bound top-Ns and pru
 """
 from __future__ import annotations
 
+from dataclasses import replace
 from typing import Callable, Protocol
 
 from sqlglot import exp
 
 from octo_platform.errors import PlanError
 from octo_platform.frontend.definitions import SourceDef, TableDef
-from octo_platform.frontend.parser import SqlFile, ViewStmt
+from octo_platform.frontend.parser import SESSION_CALL, SqlFile, ViewStmt
 from octo_platform.frontend.scope import Scope
 from octo_platform.frontend.shapes import check_supported, conjuncts, function_name
 from octo_platform.logical.plan import (
@@ -33,13 +34,14 @@ from octo_platform.logical.plan import (
 )
 from octo_platform.logical.lineage import column_types
 from octo_platform.frontend.intervals import interval_micros
-from octo_platform.sqltext import DIALECT, quote
+from octo_platform.sqltext import DIALECT, quote, unquote
 
 __all__ = ["Relations", "QueryBinder"]
 
 JOIN_KINDS = {"": "inner", "LEFT": "left", "RIGHT": "right", "FULL": "full"}
 WINDOW_FUNCTIONS = {"TUMBLE": "relation, time column, size",
-                    "HOP": "relation, time column, slide, size"}
+                    "HOP": "relation, time column, slide, size",
+                    SESSION_CALL: "relation, time column, gap"}
 SUPPORTED_AGGS = {exp.Count: "count", exp.Sum: "sum", exp.Avg: "avg", exp.Min: "min",
                   exp.Max: "max"}
 
@@ -126,8 +128,9 @@ class QueryBinder:
         """``TUMBLE(rel, time, size)`` / ``HOP(rel, time, slide, size)`` in FROM: the
         relation's rows in their windows, and the relation's name."""
         func = call.name.upper()
-        args = call.expressions
         form = WINDOW_FUNCTIONS[func]
+        func = "SESSION" if func == SESSION_CALL else func
+        args = call.expressions
         if len(args) != form.count(",") + 1:
             raise self.error(f"{func} takes ({form})", call)
         rel, time = args[0], args[1]
@@ -159,12 +162,13 @@ class QueryBinder:
                                  f"MINUTE (units microsecond to week), found "
                                  f"{arg.sql(DIALECT)!r}", arg)
             spans.append(micros)
-        size, slide = (spans[0], spans[0]) if func == "TUMBLE" else (spans[1], spans[0])
+        size, slide = (spans[0], spans[0]) if func != "HOP" else (spans[1], spans[0])
         if slide > size:
             raise self.error(f"HOP: the slide ({arg_text(args[2])}) is longer than the size "
                              f"({arg_text(args[3])}): some rows would be in no window", call)
         return Window((*node.columns, *WINDOW_COLUMNS), input=node, kind=func.lower(),
-                      time=column, size_us=size, slide_us=slide), rel.name
+                      time=column, size_us=size,
+                      slide_us=slide if func == "HOP" else 0), rel.name
 
     # -- joins -----------------------------------------------------------------------------
     def join(self, left: Scope, j: exp.Join, ctes: dict[str, Node]) -> Scope:
@@ -596,13 +600,30 @@ class QueryBinder:
             having_sql = self.rewrite(having.this.copy().transform(unalias), scope, post)
         agg_cols = tuple(f"_agg{i}" for i in range(len(calls)))
         pre_cols = tuple(post_scope_cols) + tuple(f"_a{i}" for i in range(len(arg_sql)))
-        src = scope.node
+        src = self.partition_sessions(scope.node, key_sql, group)
         pre = Project(pre_cols, input=src, exprs=tuple(key_sql + arg_sql))
         node: Node = Aggregate(tuple(post_scope_cols) + agg_cols, input=pre,
                                keys=tuple(post_scope_cols), aggs=tuple(calls))
         if having_sql is not None:
             node = Filter(node.columns, input=node, conditions=(having_sql,))
         return project(node, names, tuple(select_sql))
+
+
+    def partition_sessions(self, node: Node, keys: list[str], group: exp.Group | None
+                           ) -> Node:
+        """``node`` with a SESSION window under this GROUP BY (through filters) partitioned
+        by the GROUP BY's other columns."""
+        if isinstance(node, Filter):
+            inner = self.partition_sessions(node.input, keys, group)
+            return node if inner is node.input else replace(node, input=inner)
+        if not isinstance(node, Window) or node.kind != "session":
+            return node
+        part = [unquote(k) for k in keys if unquote(k) not in WINDOW_COLUMNS]
+        if any(p is None or p not in node.input.columns for p in part):
+            raise self.error("GROUP BY over SESSION(...): the columns besides window_start "
+                             "and window_end partition the sessions, so they must be plain "
+                             "columns of the windowed relation", group)
+        return replace(node, partition=tuple(p for p in part if p is not None))
 
 
 def arg_text(e: exp.Expression) -> str:

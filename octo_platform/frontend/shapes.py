@@ -7,8 +7,8 @@ from __future__ import annotations
 from sqlglot import exp
 
 from octo_platform.errors import PlanError, SqlError
-from octo_platform.frontend.parser import SqlFile, TableStmt
-from octo_platform.logical.plan import Node, TopN
+from octo_platform.frontend.parser import SESSION_CALL, SqlFile, TableStmt
+from octo_platform.logical.plan import Node, TopN, Window
 
 __all__ = ["NONDETERMINISTIC", "check_supported", "check_bounded", "conjuncts",
            "function_name"]
@@ -69,6 +69,22 @@ def check_bounded(plan: Node, stmt: TableStmt) -> None:
                        f"WHERE {top.rank} <= n (a ranking of every row is not maintained)",
                        stmt.file.location_of(window) if window is not None else
                        stmt.location())
+
+
+def check_sessions(plan: Node, stmt: TableStmt) -> None:
+    """Reject a SESSION window that no GROUP BY partitions (see ``partition_sessions``)."""
+    if _unbound_session(plan):
+        call = next((n for n in stmt.query.walk() if isinstance(n, exp.Anonymous)
+                     and n.name.upper() == SESSION_CALL), None)
+        raise SqlError("SESSION(...) needs a GROUP BY over it: the GROUP BY's columns "
+                       "besides window_start and window_end partition the sessions",
+                       stmt.file.location_of(call) if call is not None else stmt.location())
+
+
+def _unbound_session(node: Node) -> bool:
+    if isinstance(node, Window) and node.kind == "session" and node.partition is None:
+        return True
+    return any(_unbound_session(c) for c in node.inputs)
 
 
 def function_name(node: exp.Expression) -> str | None:

@@ -253,15 +253,23 @@ WINDOW_COLUMNS = ("window_start", "window_end")
 class Window(Unary):
     """``TUMBLE`` / ``HOP``: each input row once per window of ``size_us`` microseconds
     (one starting every ``slide_us``, aligned to the epoch; a tumble's slide is its size)
-    that contains its ``time``, half-open ``[start, end)``. Output: the input's columns,
-    then ``window_start`` and ``window_end``. A row whose time is NULL is in no window."""
+    that contains its ``time``, half-open ``[start, end)``. ``SESSION``: each row in its
+    session among the rows of its ``partition``: rows less than the gap (``size_us``) apart
+    share one, ``[first time, last time + gap)``. Output: the input's columns, then
+    ``window_start`` and ``window_end``. A row whose time is NULL is in no window."""
 
-    kind: Literal["tumble", "hop"] = "tumble"
+    kind: Literal["tumble", "hop", "session"] = "tumble"
     time: str = ""
-    size_us: int = 0
+    size_us: int = 0  # a session's: its gap
     slide_us: int = 0
+    # A session's partition: the other GROUP BY columns over it (None: not bound yet).
+    partition: tuple[str, ...] | None = None
 
     def describe(self) -> str:
+        if self.kind == "session":
+            part = ", ".join(quote(p) for p in self.partition or ())
+            return (f"Window SESSION({quote(self.time)}, gap {span_text(self.size_us)}) "
+                    f"partition=[{part}]")
         if self.kind == "tumble":
             return f"Window TUMBLE({quote(self.time)}, size {span_text(self.size_us)})"
         return (f"Window HOP({quote(self.time)}, slide {span_text(self.slide_us)}, "
@@ -273,10 +281,13 @@ def changelog_mode(node: Node) -> Mode:
 
     A scan declares it; filters and projections keep their input's; DISTINCT over
     append-only input and inner or semi joins of append-only inputs stay append-only (a row
-    once emitted stays); any other aggregate, an outer or anti join and a top-N retract.
+    once emitted stays); any other aggregate, an outer or anti join, a top-N and a session
+    window (sessions merge) retract.
     """
     if isinstance(node, Scan):
         return node.changelog
+    if isinstance(node, Window) and node.kind == "session":
+        return "updating"  # a row can move to a merged session
     if isinstance(node, (Filter, Project, Window)):
         return node.input.mode
     if isinstance(node, UnionAll):
@@ -297,7 +308,8 @@ def primary_key(node: Node) -> tuple[str, ...] | None:
 
     A scan declares it; an aggregate's is its group keys; a top-N's its partition and
     rank (or its input's, without a rank column); a projection carries its input's key
-    through bare column references, a tumble keeps it, a hop adds its window's start; a join's is both inputs' keys (the left's for a semi or
+    through bare column references, a tumble or session keeps it, a hop adds its window's
+    start; a join's is both inputs' keys (the left's for a semi or
     anti join); a union's rows have no key.
     """
     if isinstance(node, Scan):
@@ -306,7 +318,7 @@ def primary_key(node: Node) -> tuple[str, ...] | None:
         return node.input.pk
     if isinstance(node, Window):  # a hop puts a row in several windows
         key = node.input.pk
-        return key if key is None or node.kind == "tumble" else (*key, WINDOW_COLUMNS[0])
+        return key if key is None or node.kind != "hop" else (*key, WINDOW_COLUMNS[0])
     if isinstance(node, Aggregate):
         return node.keys
     if isinstance(node, TopN):

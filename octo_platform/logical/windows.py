@@ -7,7 +7,7 @@ from dataclasses import dataclass
 from octo_platform.logical.plan import WINDOW_COLUMNS, Aggregate, Filter, Node, Project, Window
 from octo_platform.sqltext import unquote
 
-__all__ = ["Closing", "window_bound", "closing_key"]
+__all__ = ["Closing", "window_bound", "closing_key", "final_when_closed"]
 
 
 @dataclass(frozen=True)
@@ -25,8 +25,10 @@ def window_bound(node: Node, column: str) -> tuple[Window, int] | None:
     filters, bare projections and group keys): the window, and the microseconds to add to
     the column's value to reach the window's end."""
     if isinstance(node, Window):
-        if column in WINDOW_COLUMNS:
-            return node, node.size_us if column == WINDOW_COLUMNS[0] else 0
+        if column == WINDOW_COLUMNS[1]:
+            return node, 0
+        if column == WINDOW_COLUMNS[0]:  # a session has no fixed length
+            return None if node.kind == "session" else (node, node.size_us)
         return window_bound(node.input, column)
     if isinstance(node, Filter):
         return window_bound(node.input, column)
@@ -46,3 +48,16 @@ def closing_key(agg: Aggregate) -> Closing | None:
         if found is not None:
             return Closing(key, found[1], found[0])
     return None
+
+
+def final_when_closed(agg: Aggregate, closing: Closing) -> bool:
+    """Whether a group of ``agg`` never changes once its window closed: its input only
+    appends, or it is a session window over input that only appends, read through filters
+    and projections (sessions merge and move rows, but only while they are open)."""
+    if agg.input.mode == "append-only":
+        return True
+    node = agg.input
+    while isinstance(node, (Filter, Project)):
+        node = node.input
+    return (node is closing.window and node.kind == "session"
+            and node.input.mode == "append-only")

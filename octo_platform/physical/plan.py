@@ -12,7 +12,7 @@ from typing import Literal
 
 from octo_platform.logical import plan as lp
 from octo_platform.logical.plan import Mode
-from octo_platform.logical.windows import closing_key
+from octo_platform.logical.windows import closing_key, final_when_closed
 from octo_platform.sqltext import quote
 from octo_platform.timeunits import span_text
 
@@ -25,6 +25,7 @@ __all__ = [
     "PUnion",
     "PJoin",
     "PTopN",
+    "PSession",
     "PhysicalPlan",
     "lower",
     "explain",
@@ -113,8 +114,8 @@ class PAggregate(PNode):
     keys: tuple[str, ...] = ()
     aggs: tuple[PAgg, ...] = ()
     # (key, µs): a group is final once the watermark reaches ``key + µs`` (its window's
-    # end); its state is then dropped. Only over append-only input (nothing retracts from
-    # a closed window).
+    # end); its state is then dropped. Only where nothing retracts from a closed window
+    # (``final_when_closed``: append-only input, or sessions over it).
     closes: tuple[str, int] | None = None
     emit_on_close: bool = False  # emit each group once, final, when its window closes
 
@@ -195,6 +196,36 @@ class PJoin(PNode):
 
 
 @dataclass(frozen=True)
+class PSession(PNode):
+    """SESSION windows: rows by partition key with multiplicity; the partitions a batch
+    touches get their sessions again, and the rows whose session changed move (a
+    retraction from the old session, an insert into the new). Over append-only input the
+    rows of closed sessions leave the state."""
+
+    input: PNode = field(default=None)  # type: ignore[assignment]
+    time: str = ""
+    gap_us: int = 0
+    partition: tuple[str, ...] = ()
+
+    @property
+    def inputs(self) -> tuple[PNode, ...]:
+        return (self.input,)
+
+    @property
+    def closes(self) -> bool:
+        return self.input.mode == "append-only"
+
+    def state_tables(self) -> tuple[str, ...]:
+        return (self.id,)
+
+    def describe(self) -> str:
+        part = ", ".join(quote(p) for p in self.partition) or "() global"
+        keep = "rows of open sessions" if self.closes else "all rows"
+        return (f"SessionWindow time={quote(self.time)} gap {span_text(self.gap_us)} "
+                f"partition=[{part}] state=[{self.id}: {keep} by hash(partition)]")
+
+
+@dataclass(frozen=True)
 class PTopN(PNode):
     """Top-N per partition: rows by partition key with multiplicity (only the current
     top ``n`` per partition when the input is append-only); touched partitions re-ranked."""
@@ -254,7 +285,8 @@ class PhysicalPlan:
     @property
     def closes_windows(self) -> bool:
         """An aggregate closes windows: a batch needs its new watermark before it runs."""
-        return any(isinstance(n, PAggregate) and n.closes for n in _walk(self.root))
+        return any(isinstance(n, PAggregate) and n.closes or isinstance(n, PSession)
+                   and n.closes for n in _walk(self.root))
 
     @property
     def fingerprint(self) -> str:
@@ -280,10 +312,15 @@ def lower(table: str, root: lp.Node, pk: tuple[str, ...] | None) -> PhysicalPlan
         if isinstance(node, lp.Scan):
             return PSource(next_id("source"), node.columns, node.mode, name=node.name,
                            kind=node.kind)
-        if isinstance(node, (lp.Filter, lp.Project, lp.Window)):
+        if isinstance(node, lp.Window) and node.kind == "session":
+            child = go(node.input)
+            return PSession(next_id("session"), node.columns, node.mode, input=child,
+                            time=node.time, gap_us=node.size_us,
+                            partition=node.partition or ())
+        if _stateless(node):
             steps: list[Step] = []
             cur: lp.Node = node
-            while isinstance(cur, (lp.Filter, lp.Project, lp.Window)):
+            while _stateless(cur):
                 if isinstance(cur, lp.Filter):
                     steps.append(("filter", cur.columns, (cur.condition,)))
                 elif isinstance(cur, lp.Window):
@@ -300,7 +337,9 @@ def lower(table: str, root: lp.Node, pk: tuple[str, ...] | None) -> PhysicalPlan
                 PAgg(a.func, a.arg, a.distinct, _strategy(a, child.mode), name)
                 for a, name in zip(node.aggs, node.columns[len(node.keys):])
             )
-            closing = closing_key(node) if child.mode == "append-only" else None
+            closing = closing_key(node)
+            if closing is not None and not final_when_closed(node, closing):
+                closing = None
             return PAggregate(next_id("agg"), node.columns, node.mode, input=child,
                               keys=node.keys, aggs=aggs,
                               closes=None if closing is None else (closing.key,
@@ -323,6 +362,11 @@ def lower(table: str, root: lp.Node, pk: tuple[str, ...] | None) -> PhysicalPlan
 
     physical = go(root)
     return PhysicalPlan(table, physical, pk, _keyed_changes(root, pk))
+
+
+def _stateless(node: lp.Node) -> bool:
+    return isinstance(node, (lp.Filter, lp.Project)) or (
+        isinstance(node, lp.Window) and node.kind != "session")
 
 
 def _window_steps(w: lp.Window) -> list[Step]:

@@ -37,7 +37,8 @@ def _prune(node: Node, needed: set[str]) -> Node:
         child = _prune(node.input, needed | referenced_columns(*node.conditions))
         return replace(node, columns=child.columns, input=child)
     if isinstance(node, Window):  # every row counts (a hop repeats it): keep its windows
-        child = _prune(node.input, (needed - set(WINDOW_COLUMNS)) | {node.time})
+        child = _prune(node.input, (needed - set(WINDOW_COLUMNS)) | {node.time}
+                       | set(node.partition or ()))
         return replace(node, input=child, columns=child.columns + WINDOW_COLUMNS)
     if isinstance(node, Aggregate):
         args = {a.arg for a in node.aggs if a.arg is not None}

@@ -18,7 +18,8 @@ if TYPE_CHECKING:
     from pyspark.sql.types import StructType
 
 __all__ = ["StateReader", "StagedWrite", "BatchContext", "bucket_sql", "apply_steps",
-           "consolidate", "touched_buckets", "positional", "side_schema", "W"]
+           "consolidate", "touched_buckets", "positional", "side_schema", "in_partitions",
+           "W"]
 
 W = quote(WEIGHT)
 
@@ -119,6 +120,18 @@ def touched_buckets(ctx: BatchContext, df: DataFrame, keyed: bool) -> set[int]:
     if ctx.all_buckets and keyed:
         return set(range(ctx.buckets))
     return {r[0] for r in df.select(BUCKET).distinct().collect()}
+
+
+def in_partitions(frames: tuple[DataFrame, ...], of: DataFrame,
+                  partition: tuple[str, ...]) -> tuple[DataFrame, ...]:
+    """The rows of each of ``frames`` whose ``partition`` key occurs in ``of`` (all of
+    them for an empty key)."""
+    if not partition:
+        return frames
+    parts = of.select(*[quote(p) for p in partition]).distinct()
+    same = " AND ".join(f"a.{quote(p)} <=> k.{quote(p)}" for p in partition)
+    return tuple(f.alias("a").join(parts.alias("k"), sql_expr(same), "left_semi")
+                 for f in frames)
 
 
 def positional(names: list[str] | tuple[str, ...]) -> list[str]:

@@ -11,6 +11,7 @@ from octo_platform.runtime.operators.context import (
     W,
     bucket_sql,
     consolidate,
+    in_partitions,
     positional,
     side_schema,
     touched_buckets,
@@ -66,11 +67,7 @@ class TopN:
         ctx.writes.append(StagedWrite(node.id, keep.selectExpr(
             *[f"{c} AS {p}" for c, p in zip(self.cols, positional(self.names))],
             f"{W} AS {COUNT}", f"{bucket} AS {BUCKET}"), sorted(touched)))
-        if node.partition:
-            parts = d.select(*[quote(p) for p in node.partition]).distinct()
-            same = " AND ".join(f"a.{quote(p)} <=> k.{quote(p)}" for p in node.partition)
-            old, new = (f.alias("a").join(parts.alias("k"), sql_expr(same), "left_semi")
-                        for f in (old, new))
+        old, new = in_partitions((old, new), d, node.partition)
         return self.emit(self.rank(new), "").union(self.emit(self.rank(old), "-"))
 
     def emit(self, ranked: DataFrame, sign: str) -> DataFrame:
