@@ -233,3 +233,41 @@ def test_session_windows_match_batch_sql(spark, tmp_path, debezium):
                    until_idle=True)
         check_tables(spark, tmp_path / "warehouse", sql, {"clicks": src.relation()}, keyed,
                      round_no)
+
+
+OVER = {
+    "o_user": """SELECT id, user_id, ts, amount,
+        SUM(amount) OVER (PARTITION BY user_id ORDER BY ts
+                          RANGE BETWEEN INTERVAL '30' SECOND PRECEDING AND CURRENT ROW) AS s30,
+        COUNT(*) OVER (PARTITION BY user_id ORDER BY ts
+                       RANGE BETWEEN INTERVAL '30' SECOND PRECEDING AND CURRENT ROW) AS n30,
+        MAX(amount) OVER (PARTITION BY user_id ORDER BY ts
+                          RANGE BETWEEN INTERVAL '30' SECOND PRECEDING AND CURRENT ROW) AS m30
+        FROM clicks""",
+    "o_all": """SELECT id, AVG(amount) OVER (ORDER BY ts
+        RANGE BETWEEN INTERVAL '10' SECOND PRECEDING AND CURRENT ROW) AS a10
+        FROM clicks WHERE amount > 1""",
+}
+
+
+@pytest.mark.parametrize("debezium", [False, True], ids=["append-only", "debezium"])
+def test_sliding_over_windows_match_batch_sql(spark, tmp_path, debezium):
+    """Per row, aggregates over its partition's last 30 s (peers included): rows out of
+    order, updates and deletes change their successors' values; equal to Spark's own
+    window functions over the rows that were not late."""
+    seed = 20261129 + int(debezium)
+    rng = random.Random(seed)
+    max_files = rng.randint(1, 2)
+    sql = "\n".join([source_sql(debezium, max_files),
+                     *(f"CREATE STREAMING TABLE {n} AS {q};" for n, q in OVER.items())])
+    (tmp_path / "sql").mkdir()
+    (tmp_path / "sql" / "over.sql").write_text(sql)
+    project = load_project(tmp_path)
+    keyed = {n: project.table(n).physical.pk is not None for n in OVER}
+    src = TimedSource(seed, debezium)
+    for round_no in range(3):
+        write_round(src, rng, tmp_path / "data" / "clicks", round_no, max_files)
+        run_tables(spark, tmp_path, options=default_options(buckets=4, progress=None),
+                   until_idle=True)
+        check_tables(spark, tmp_path / "warehouse", sql, {"clicks": src.relation()}, keyed,
+                     round_no)

@@ -23,6 +23,7 @@ from octo_platform.logical.plan import (
     Filter,
     Join,
     Node,
+    Over,
     Project,
     Scan,
     SortKey,
@@ -339,10 +340,13 @@ class QueryBinder:
         order_cols: dict[str, str] = {}  # ORDER BY expression -> column of the node
         if windows:
             if is_agg:
-                raise self.error("ROW_NUMBER() over an aggregate: compute the aggregate in a "
-                                 "subquery and rank its rows in the enclosing query",
+                raise self.error("a window function over an aggregate: compute the aggregate "
+                                 "in a subquery and use the window in the enclosing query",
                                  items[windows[0]])
-            node = self.row_number(items, names, windows, scope)
+            if any(isinstance(items[i].this.this, exp.RowNumber) for i in windows):
+                node = self.row_number(items, names, windows, scope)
+            else:
+                node = self.over(items, names, windows, scope)
         elif is_agg:
             node = self.aggregate(items, names, group, having, scope)
         else:
@@ -459,6 +463,54 @@ class QueryBinder:
         rank = names[windows[0]]
         top = TopN((*pre.columns, rank), input=pre, partition=partition, order=keys, rank=rank)
         return project(top, names, tuple(quote(c) for c in names))
+
+    def over(self, items: list[exp.Expression], names: tuple[str, ...], windows: list[int],
+             scope: Scope) -> Node:
+        """``f(x) OVER (PARTITION BY p ORDER BY t RANGE BETWEEN INTERVAL ... PRECEDING AND
+        CURRENT ROW) AS name`` items: sliding-range aggregates per row."""
+        cols = [n for i, n in enumerate(names) if i not in windows]
+        exprs = [self.rewrite(item, scope) for i, item in enumerate(items) if i not in windows]
+
+        def column_for(e: exp.Expression) -> str:
+            text = self.rewrite(e, scope)
+            if text not in exprs:
+                exprs.append(text)
+                cols.append(f"_w{len(cols)}")
+            return cols[exprs.index(text)]
+
+        form = ("f(x) OVER (PARTITION BY ... ORDER BY time RANGE BETWEEN INTERVAL '<n>' "
+                "<unit> PRECEDING AND CURRENT ROW), f one of COUNT, SUM, AVG, MIN, MAX")
+        calls: list[AggCall] = []
+        shapes = set()
+        for i in windows:
+            w = items[i].this
+            fn, spec, order = w.this, w.args.get("spec"), w.args.get("order")
+            func = next((f for t, f in SUPPORTED_AGGS.items() if isinstance(fn, t)), None)
+            span = interval_micros(spec.args.get("start")) if spec is not None else None
+            if (func is None or isinstance(fn.this, exp.Distinct) or spec is None
+                    or str(spec.args.get("kind", "")).upper() != "RANGE" or span is None
+                    or str(spec.args.get("start_side", "")).upper() != "PRECEDING"
+                    or str(spec.args.get("end", "")).upper() != "CURRENT ROW"
+                    or order is None or len(order.expressions) != 1
+                    or order.expressions[0].args.get("desc")):
+                raise self.error(f"supported window functions: ROW_NUMBER() for top-N, and {form}",
+                                 w)
+            star = isinstance(fn.this, exp.Star) or fn.this is None
+            calls.append(AggCall(func, None if star else column_for(fn.this)))
+            shapes.add((tuple(column_for(p) for p in w.args.get("partition_by") or []),
+                        column_for(order.expressions[0].this), span))
+        if len(shapes) > 1:
+            raise self.error("the windows of one SELECT must share PARTITION BY, ORDER BY and "
+                             "RANGE (use a subquery for another)", items[windows[1]])
+        (partition, time, span), = shapes
+        pre = project(scope.node, tuple(cols), tuple(exprs))
+        kind = column_types(pre).get(time)
+        if kind not in (None, "TIMESTAMP", "TIMESTAMP_LTZ"):
+            raise self.error(f"ORDER BY of a RANGE INTERVAL window must be a TIMESTAMP (it is "
+                             f"{kind})", items[windows[0]])
+        node = Over((*pre.columns, *(names[i] for i in windows)), input=pre,
+                    partition=partition, time=time, range_us=span, aggs=tuple(calls))
+        return project(node, names, tuple(quote(c) for c in names))
 
     def expand_stars(self, items: list[exp.Expression], scope: Scope) -> list[exp.Expression]:
         out: list[exp.Expression] = []

@@ -43,9 +43,10 @@ def check_supported(select: exp.Select, file: SqlFile) -> None:
             continue
         if isinstance(node, exp.Window) and not (
                 isinstance(node.parent, exp.Alias) and node.parent.parent is select):
-            raise error("window functions are supported only as ROW_NUMBER() OVER "
-                             "(...) AS rank in a SELECT list, bounded by WHERE rank <= n "
-                             "in the enclosing query (top-N)", node)
+            raise error("window functions are supported only as items of a SELECT list: "
+                        "ROW_NUMBER() OVER (...) AS rank, bounded by WHERE rank <= n in "
+                        "the enclosing query (top-N), or aggregates OVER a RANGE BETWEEN "
+                        "INTERVAL ... PRECEDING AND CURRENT ROW", node)
         fname = function_name(node)
         if fname in NONDETERMINISTIC:
             raise error(f"non-deterministic function {fname}() cannot be maintained "

@@ -20,6 +20,7 @@ from octo_platform.logical.plan import (
     Project,
     Scan,
     WINDOW_COLUMNS,
+    Over,
     TopN,
     UnionAll,
     Window,
@@ -55,6 +56,10 @@ def _origins(node: Node) -> list[frozenset[Origin]]:
     if isinstance(node, Window):
         inner = _origins(node.input)
         return inner + [inner[node.input.columns.index(node.time)]] * len(WINDOW_COLUMNS)
+    if isinstance(node, Over):
+        inner = _origins(node.input)
+        by = dict(zip(node.input.columns, inner))
+        return inner + [by[a.arg] if a.arg is not None else frozenset() for a in node.aggs]
     if isinstance(node, Project):
         inner = dict(zip(node.input.columns, _origins(node.input)))
         return [_union(inner.get(c, frozenset()) for c in referenced_columns(e))
@@ -110,6 +115,11 @@ def _types(node: Node, table_types) -> list[str | None]:
         return _types(node.input, table_types)
     if isinstance(node, Window):
         return _types(node.input, table_types) + ["TIMESTAMP"] * len(WINDOW_COLUMNS)
+    if isinstance(node, Over):
+        inner = _types(node.input, table_types)
+        by = dict(zip(node.input.columns, inner))
+        return inner + [_agg_type(a.func, by.get(a.arg) if a.arg is not None else None)
+                        for a in node.aggs]
     if isinstance(node, Project):
         inner = dict(zip(node.input.columns, _types(node.input, table_types)))
         return [_expr_type(e, inner) for e in node.exprs]

@@ -26,6 +26,7 @@ __all__ = [
     "Join",
     "TopN",
     "Window",
+    "Over",
     "WINDOW_COLUMNS",
     "SortKey",
     "JoinKind",
@@ -276,6 +277,26 @@ class Window(Unary):
                 f"size {span_text(self.size_us)})")
 
 
+@dataclass(frozen=True)
+class Over(Unary):
+    """Aggregates over a sliding time range (``SUM(x) OVER (PARTITION BY p ORDER BY t RANGE
+    BETWEEN INTERVAL ... PRECEDING AND CURRENT ROW)``): per input row, each of ``aggs``
+    over the rows of its ``partition`` whose ``time`` is within ``range_us`` before its own
+    (inclusive, peers included). Output: the input's columns, then one per aggregate."""
+
+    partition: tuple[str, ...] = ()
+    time: str = ""
+    range_us: int = 0
+    aggs: tuple[AggCall, ...] = ()
+
+    def describe(self) -> str:
+        part = ", ".join(quote(p) for p in self.partition) or "()"
+        aggs = ", ".join(f"{a.render()} AS {quote(c)}" for a, c in
+                         zip(self.aggs, self.columns[len(self.input.columns):]))
+        return (f"Over [{aggs}] partition=[{part}] order={quote(self.time)} range "
+                f"{span_text(self.range_us)} preceding to current row")
+
+
 def changelog_mode(node: Node) -> Mode:
     """``updating`` when ``node`` may retract a row it emitted, else ``append-only``.
 
@@ -298,7 +319,7 @@ def changelog_mode(node: Node) -> Mode:
             else "updating"
     if isinstance(node, Join):
         return "append-only" if node.kind in ("inner", "semi") and appends else "updating"
-    if isinstance(node, TopN):
+    if isinstance(node, (TopN, Over)):  # a row out of order changes its successors'
         return "updating"
     raise TypeError(f"changelog mode: unknown plan node {type(node).__name__}")
 
@@ -314,7 +335,7 @@ def primary_key(node: Node) -> tuple[str, ...] | None:
     """
     if isinstance(node, Scan):
         return node.key
-    if isinstance(node, Filter):
+    if isinstance(node, (Filter, Over)):
         return node.input.pk
     if isinstance(node, Window):  # a hop puts a row in several windows
         key = node.input.pk

@@ -26,6 +26,7 @@ __all__ = [
     "PJoin",
     "PTopN",
     "PSession",
+    "POver",
     "PhysicalPlan",
     "lower",
     "explain",
@@ -226,6 +227,38 @@ class PSession(PNode):
 
 
 @dataclass(frozen=True)
+class POver(PNode):
+    """Sliding-range aggregates: rows by partition key with multiplicity; for the
+    partitions a batch touches, the rows from the earliest changed time on get their
+    aggregates again, and those whose values changed are retracted and inserted. Over
+    append-only input, rows older than the watermark minus the range leave the state."""
+
+    input: PNode = field(default=None)  # type: ignore[assignment]
+    partition: tuple[str, ...] = ()
+    time: str = ""
+    range_us: int = 0
+    aggs: tuple[lp.AggCall, ...] = ()
+
+    @property
+    def inputs(self) -> tuple[PNode, ...]:
+        return (self.input,)
+
+    @property
+    def closes(self) -> bool:
+        return self.input.mode == "append-only"
+
+    def state_tables(self) -> tuple[str, ...]:
+        return (self.id,)
+
+    def describe(self) -> str:
+        part = ", ".join(quote(p) for p in self.partition) or "() global"
+        aggs = ", ".join(a.render() for a in self.aggs)
+        keep = "rows within the range of the watermark" if self.closes else "all rows"
+        return (f"OverRange [{aggs}] partition=[{part}] order={quote(self.time)} range "
+                f"{span_text(self.range_us)} state=[{self.id}: {keep} by hash(partition)]")
+
+
+@dataclass(frozen=True)
 class PTopN(PNode):
     """Top-N per partition: rows by partition key with multiplicity (only the current
     top ``n`` per partition when the input is append-only); touched partitions re-ranked."""
@@ -285,7 +318,7 @@ class PhysicalPlan:
     @property
     def closes_windows(self) -> bool:
         """An aggregate closes windows: a batch needs its new watermark before it runs."""
-        return any(isinstance(n, PAggregate) and n.closes or isinstance(n, PSession)
+        return any(isinstance(n, PAggregate) and n.closes or isinstance(n, (PSession, POver))
                    and n.closes for n in _walk(self.root))
 
     @property
@@ -353,6 +386,11 @@ def lower(table: str, root: lp.Node, pk: tuple[str, ...] | None) -> PhysicalPlan
             return PJoin(next_id("join"), node.columns, node.mode, left=left, right=right,
                          kind=node.kind, names=node.names, left_keys=node.left_keys,
                          right_keys=node.right_keys, residual=node.residual)
+        if isinstance(node, lp.Over):
+            child = go(node.input)
+            return POver(next_id("over"), node.columns, node.mode, input=child,
+                         partition=node.partition, time=node.time, range_us=node.range_us,
+                         aggs=node.aggs)
         if isinstance(node, lp.TopN):
             child = go(node.input)
             assert node.n is not None, "the binder bounds every top-N"

@@ -3,10 +3,10 @@
 Stateful operators read the state of the keys a batch touches (pinned to the versions the
 previous batch committed), compute new state and output, and stage their state changes;
 the pipeline writes all staged changes in one job and commits them after the batch.
-Aggregates and joins keep their state as a log of changes (``state_log``); top-N and
-session windows rewrite the hash buckets their partitions fall in.
+Aggregates and joins keep their state as a log of changes (``state_log``); top-N, session
+windows and sliding-range aggregates rewrite the hash buckets their partitions fall in.
 
-One module per operator (``aggregate``, ``join``, ``top_n``, ``session``); ``context`` holds what they
+One module per operator (``aggregate``, ``join``, ``top_n``, ``session``, ``over``); ``context`` holds what they
 share; filters, projections and unions are applied here, in ``evaluate``.
 """
 from __future__ import annotations
@@ -19,6 +19,7 @@ from octo_platform.physical.plan import (
     PAggregate,
     PJoin,
     PNode,
+    POver,
     PSession,
     PSource,
     PStateless,
@@ -37,6 +38,7 @@ from octo_platform.runtime.operators.context import (
     touched_buckets,
 )
 from octo_platform.runtime.operators.join import Join
+from octo_platform.runtime.operators.over import OverRange
 from octo_platform.runtime.operators.session import Sessions
 from octo_platform.runtime.operators.top_n import TopN
 
@@ -64,6 +66,8 @@ def evaluate(node: PNode, ctx: BatchContext) -> DataFrame:
         return TopN(node, ctx).run(evaluate(node.input, ctx))
     if isinstance(node, PSession):
         return Sessions(node, ctx).run(evaluate(node.input, ctx))
+    if isinstance(node, POver):
+        return OverRange(node, ctx).run(evaluate(node.input, ctx))
     raise TypeError(f"no runtime for {type(node).__name__}")
 
 
