@@ -114,3 +114,50 @@ def test_a_stalled_query_is_restarted_and_resumes_exactly_once(spark, tmp_path, 
         assert replay(tmp_path / "warehouse", table) == \
             batch_result(spark, sql, {"src": src.relation()}, table)
     assert {b for *_, b in events(tmp_path / "warehouse", "per_k")} == {0, 1, 2}  # per file
+
+
+TIMED_SQL = """
+CREATE STREAMING TABLE per_minute AS SELECT window_start, window_end, user_id, COUNT(*) AS n
+    FROM TUMBLE(clicks, ts, INTERVAL '1' MINUTE) GROUP BY window_start, window_end, user_id
+    EMIT ON WINDOW CLOSE;
+CREATE STREAMING TABLE sessions AS SELECT window_start, window_end, user_id, SUM(amount) AS s
+    FROM SESSION(clicks, ts, INTERVAL '20' SECOND) GROUP BY window_start, window_end, user_id;
+CREATE STREAMING TABLE recent AS SELECT id, SUM(amount) OVER (PARTITION BY user_id ORDER BY ts
+    RANGE BETWEEN INTERVAL '30' SECOND PRECEDING AND CURRENT ROW) AS s30 FROM clicks;
+"""
+
+
+def test_sigkill_with_event_time_loses_and_doubles_nothing(spark, tmp_path):
+    """Watermarks, late records, closing windows, sessions and sliding windows: runs killed
+    at random moments leave what one uninterrupted run leaves (a resumed batch uses the
+    watermark its predecessor committed)."""
+    from tests.timed import TimedSource, source_sql
+
+    crashed, reference = tmp_path / "crashed", tmp_path / "reference"
+    (crashed / "sql").mkdir(parents=True)
+    (crashed / "sql" / "t.sql").write_text(source_sql(False, 1) + TIMED_SQL)
+    src = TimedSource(31, debezium=False)
+    for i in range(6):
+        (lines,) = src.batch(1)
+        write_lines(crashed / "data" / "clicks", f"f{i:02d}.json", lines)
+    assert src.late, "some records are late"
+    shutil.copytree(crashed, reference)
+    run_tables(spark, reference, options=default_options(progress=None), until_idle=True)
+
+    rng = random.Random(11)
+    env = {**os.environ, "PYSPARK_PYTHON": sys.executable}
+    cmd = [sys.executable, "-m", "octo_platform.cli", "run", "--all", "--until-idle",
+           "--project", str(crashed)]
+
+    def until(proc: subprocess.Popen) -> None:
+        deadline = time.monotonic() + rng.uniform(9, 18)
+        while time.monotonic() < deadline and proc.poll() is None:
+            time.sleep(0.2)
+
+    kills = run_killing(cmd, tmp_path / "runs.log", until=until, kills=2, attempts=4, env=env)
+    assert kills >= 1, "the test must actually kill runs mid-way"
+    for table in ("per_minute", "sessions", "recent"):
+        assert events(crashed / "warehouse", table) == events(reference / "warehouse", table)
+        assert current(crashed / "warehouse", table) == current(reference / "warehouse", table)
+        assert dead_letters(crashed / "warehouse", table) == \
+            dead_letters(reference / "warehouse", table)
