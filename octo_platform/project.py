@@ -98,9 +98,14 @@ class Project:
                  "letters)"
                  for src in t.physical.sources if src.kind == "source"
                  and (sdef := self.source(src.name)).watermark is not None]
+        marks += [f"table {up.name}: its watermark, through {up.definition.event_time}"
+                  for src in t.physical.sources if src.kind == "table"
+                  and (up := self.table(src.name)).definition.event_time is not None]
+        if t.definition.event_time is not None:
+            marks.append(f"passes its watermark on through {t.definition.event_time}")
         if marks:
             text += (f"\n\n== Event time of {t.name} ==\n" + "\n".join(marks) +
-                     "\ntable watermark: the least of these sources' watermarks")
+                     "\ntable watermark: the least of its inputs' watermarks")
         return text + (f"\n\n== Sinks of {t.name} ==\n" + "\n".join(sinks) if sinks else "")
 
 

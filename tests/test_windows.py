@@ -271,3 +271,45 @@ def test_sliding_over_windows_match_batch_sql(spark, tmp_path, debezium):
                    until_idle=True)
         check_tables(spark, tmp_path / "warehouse", sql, {"clicks": src.relation()}, keyed,
                      round_no)
+
+
+CHAINED = {
+    "per_min": f"""SELECT window_start, window_end, user_id, COUNT(*) AS n FROM {TUMBLE}
+        GROUP BY window_start, window_end, user_id""",
+    "per_5min": """SELECT window_start, window_end, SUM(n) AS total
+        FROM TUMBLE(minutes, minute_end, INTERVAL '5' MINUTE)
+        GROUP BY window_start, window_end EMIT ON WINDOW CLOSE""",
+    "busiest": """SELECT window_end, MAX(n) AS top FROM per_min GROUP BY window_end
+        EMIT ON WINDOW CLOSE""",
+}
+
+
+def test_a_table_over_a_windowed_table_inherits_its_watermark(spark, tmp_path):
+    """per_min (updating) passes its watermark on through window_end: tables over it close
+    their windows by it, and hold exactly the batch result of the windows it closed."""
+    from tests.oracle import batch_result, changelog_events, replay
+
+    seed = 20261130
+    rng = random.Random(seed)
+    tables = [f"CREATE STREAMING TABLE {n} AS {q};" for n, q in CHAINED.items()]
+    sql = "\n".join([source_sql(False, 2), tables[0], "CREATE VIEW minutes AS SELECT "
+                     "window_end AS minute_end, user_id, n FROM per_min;", *tables[1:]])
+    (tmp_path / "sql").mkdir()
+    (tmp_path / "sql" / "chain.sql").write_text(sql)
+    project = load_project(tmp_path)
+    assert project.table("per_min").definition.event_time == "window_end"
+    src = TimedSource(seed, False)
+    for round_no in range(3):
+        write_round(src, rng, tmp_path / "data" / "clicks", round_no, 2)
+        run = run_tables(spark, tmp_path, options=default_options(buckets=4, progress=None),
+                         until_idle=True)
+        marks = {b.table: b.watermark for b in run.batches}
+        assert marks["per_5min"] == marks["busiest"] == marks["per_min"]
+        for name in ("per_5min", "busiest"):
+            end = project.table(name).definition.columns.index("window_end")
+            closed = {row: n for row, n in batch_result(
+                spark, sql, {"clicks": src.relation()}, name).items()
+                if row[end] <= src.watermark}
+            assert replay(tmp_path / "warehouse", name) == closed, (round_no, name)
+            assert {e["op"] for e in changelog_events(tmp_path / "warehouse", name)} <= {"c"}
+    assert closed

@@ -17,8 +17,16 @@ from octo_platform.frontend.queries import QueryBinder
 from octo_platform.frontend.shapes import check_bounded, check_sessions
 from octo_platform.logical.lineage import column_lineage
 from octo_platform.logical.optimizer import RULES, Rule, optimize
-from octo_platform.logical.plan import Aggregate, Filter, Node, Project, transform
-from octo_platform.logical.windows import closing_key, final_when_closed
+from octo_platform.logical.plan import (
+    WINDOW_COLUMNS,
+    Aggregate,
+    Filter,
+    Node,
+    Project,
+    Window,
+    transform,
+)
+from octo_platform.logical.windows import closing_key, final_when_closed, window_bound
 
 __all__ = ["Catalog", "build_catalog"]
 
@@ -130,15 +138,41 @@ def _emit_on_close(catalog: Catalog, stmt: TableStmt, plan: Node) -> Node:
     if not final_when_closed(agg, closing):
         raise SqlError(f"{what} needs an append-only input to the windowed GROUP BY (an "
                        "updating input could change a window after it closed)", at)
-    window = closing.window
+    unmarked = _unwatermarked(catalog, closing.window)
+    if unmarked is not None:
+        scan, column = unmarked
+        raise SqlError(f"{what} needs a watermark on the window's time column "
+                       f"{closing.window.time!r}: declare WATERMARK FOR {column} on source "
+                       f"{scan} (a window closes when the watermark passes its end)", at)
+    return transform(plan, lambda n: replace(n, emit_on_close=True) if n is agg else n)
+
+
+def _unwatermarked(catalog: Catalog, window: Window | None) -> tuple[str, str] | None:
+    """A ``(relation, column)`` the window's time comes from that has no watermark (a
+    source's WATERMARK column, or a streaming table's window_end that carries its
+    watermark), if any."""
+    if window is None:  # an upstream table's window_end: it has a watermark
+        return None
     for scan, column in sorted(column_lineage(window.input)[window.time]):
         source = catalog.sources.get(scan.lower())
-        mark = source.watermark if source is not None else None
-        if mark is None or mark.column.lower() != column.lower():
-            raise SqlError(f"{what} needs a watermark on the window's time column "
-                           f"{window.time!r}: declare WATERMARK FOR {column} on source "
-                           f"{scan} (a window closes when the watermark passes its end)", at)
-    return transform(plan, lambda n: replace(n, emit_on_close=True) if n is agg else n)
+        if source is not None:
+            ok = source.watermark is not None and \
+                source.watermark.column.lower() == column.lower()
+        else:
+            ok = catalog.table(scan).event_time == column
+        if not ok:
+            return scan, column
+    return None
+
+
+def _event_time(catalog: Catalog, plan: Node) -> str | None:
+    """The table's column that carries its watermark downstream: ``window_end`` of a
+    closing window whose time has a watermark."""
+    end = WINDOW_COLUMNS[1]
+    found = window_bound(plan, end) if end in plan.columns else None
+    if found is None or _unwatermarked(catalog, found[0]) is not None:
+        return None
+    return end
 
 
 def build_catalog(statements: list[Statement], *, rules: tuple[Rule, ...] = RULES) -> Catalog:
@@ -159,4 +193,4 @@ def _bind_table(catalog: Catalog, stmt: TableStmt) -> TableDef:
     pk, partitioning = table_options(stmt, plan.columns)
     return TableDef(stmt.name, plan, dict(stmt.options), stmt.sql, stmt.file.path,
                     pk if pk is not None else plan.pk, tuple(sorted(binder.deps)),
-                    partitioning)
+                    partitioning, _event_time(catalog, plan))

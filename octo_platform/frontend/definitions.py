@@ -80,6 +80,9 @@ class TableDef:
     pk: tuple[str, ...] | None
     deps: tuple[str, ...] = field(default=())
     partitioning: Partitioning | None = None
+    # The column that carries the table's watermark to tables that read it (its
+    # window_end, when its windows close by a watermark), if any.
+    event_time: str | None = None
 
     @property
     def columns(self) -> tuple[str, ...]:

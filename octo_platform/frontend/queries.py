@@ -307,7 +307,7 @@ class QueryBinder:
         if isinstance(found, TableDef):
             self.deps.add(found.name)
             return Scan(found.columns, name=found.name, kind="table",
-                        changelog=found.plan.mode, key=found.pk)
+                        changelog=found.plan.mode, key=found.pk, event_time=found.event_time)
         if isinstance(found, SourceDef):
             self.deps.add(found.name)
             return Scan(found.columns, name=found.name, kind="source", types=found.types,

@@ -93,6 +93,9 @@ class Scan(Node):
     types: tuple[str, ...] = ()
     changelog: Mode = "append-only"
     key: tuple[str, ...] | None = None
+    # A streaming table's column whose values stay above its watermark (its window_end):
+    # a table that reads it inherits the watermark through that column.
+    event_time: str | None = None
 
     def describe(self) -> str:
         types = self.types or ("",) * len(self.columns)

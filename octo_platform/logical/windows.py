@@ -4,7 +4,15 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from octo_platform.logical.plan import WINDOW_COLUMNS, Aggregate, Filter, Node, Project, Window
+from octo_platform.logical.plan import (
+    WINDOW_COLUMNS,
+    Aggregate,
+    Filter,
+    Node,
+    Project,
+    Scan,
+    Window,
+)
 from octo_platform.sqltext import unquote
 
 __all__ = ["Closing", "window_bound", "closing_key", "final_when_closed"]
@@ -17,13 +25,16 @@ class Closing:
 
     key: str
     offset_us: int
-    window: Window
+    window: Window | None  # None: an upstream table's window_end, read through a scan
 
 
-def window_bound(node: Node, column: str) -> tuple[Window, int] | None:
+def window_bound(node: Node, column: str) -> tuple[Window | None, int] | None:
     """When ``column`` of ``node`` is a window's start or end passed on unchanged (through
-    filters, bare projections and group keys): the window, and the microseconds to add to
-    the column's value to reach the window's end."""
+    filters, bare projections and group keys): the window (None for an upstream table's
+    ``window_end``, read through a scan), and the microseconds to add to the column's value
+    to reach the window's end."""
+    if isinstance(node, Scan):
+        return (None, 0) if column == node.event_time else None
     if isinstance(node, Window):
         if column == WINDOW_COLUMNS[1]:
             return node, 0
@@ -53,11 +64,20 @@ def closing_key(agg: Aggregate) -> Closing | None:
 def final_when_closed(agg: Aggregate, closing: Closing) -> bool:
     """Whether a group of ``agg`` never changes once its window closed: its input only
     appends, or it is a session window over input that only appends, read through filters
-    and projections (sessions merge and move rows, but only while they are open)."""
-    if agg.input.mode == "append-only":
-        return True
+    and projections (sessions merge and move rows, but only while they are open), or the
+    window's time is an upstream table's ``window_end``."""
+    window = closing.window
+    if agg.input.mode == "append-only" or window is None:
+        return True  # an upstream table only changes windows its watermark left open
     node = agg.input
     while isinstance(node, (Filter, Project)):
         node = node.input
-    return (node is closing.window and node.kind == "session"
-            and node.input.mode == "append-only")
+    if node is window and window.kind == "session" and window.input.mode == "append-only":
+        return True
+    # A window over an upstream table's window_end (read through filters and projections):
+    # the table changes only rows whose window_end is above its watermark.
+    below = window.input
+    while isinstance(below, (Filter, Project)):
+        below = below.input
+    return node is window and isinstance(below, Scan) and \
+        window_bound(window.input, window.time) == (None, 0)

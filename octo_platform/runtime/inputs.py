@@ -14,7 +14,7 @@ from octo_platform.physical.plan import PSource
 from octo_platform.project import CompiledTable, Project
 from octo_platform.runtime.layout import Layout
 from octo_platform.runtime.metrics import metrics, observe
-from octo_platform.runtime.offsets import InputSpec, source_key
+from octo_platform.runtime.offsets import BatchLog, InputSpec, source_key
 from octo_platform.runtime.operators import BatchContext
 from octo_platform.sqltext import quote
 
@@ -23,8 +23,9 @@ if TYPE_CHECKING:
 
     from octo_platform.runtime.pipeline import BatchStats, Pipeline
 
-__all__ = ["input_specs", "read_inputs", "settle_inputs", "commit_kafka_offsets",
-           "ALL_BUCKETS_BYTES"]
+__all__ = ["input_specs", "read_inputs", "watermarked_inputs", "settle_inputs",
+           "commit_kafka_offsets", "upstream_watermark", "advanced", "table_watermark",
+           "iso_time", "ALL_BUCKETS_BYTES", "LATE"]
 
 ALL_BUCKETS_BYTES = 1 << 20  # input size from which a top-N takes all its buckets as touched
 KAFKA_RECORD_BYTES = 100  # a Kafka record's size, as far as ALL_BUCKETS_BYTES is concerned
@@ -52,26 +53,40 @@ def input_specs(project: Project, table: CompiledTable, layout: Layout) -> tuple
     return tuple(specs)
 
 
+def watermarked_inputs(project: Project, table: CompiledTable) -> int:
+    """How many inputs of ``table`` have a watermark: sources that declare one, upstream
+    tables that pass theirs on."""
+    return sum(1 for src in table.physical.sources
+               if (project.source(src.name).watermark if src.kind == "source"
+                   else project.table(src.name).definition.event_time) is not None)
+
+
 def read_inputs(pipe: Pipeline, ctx: BatchContext, inputs: dict[str, Any],
-                watermarks: dict[str, int]) -> list[_Observed]:
+                stats: BatchStats) -> list[_Observed]:
     """Register each source's weighted rows in ``ctx``.
 
     Nothing is read here: record counts (good, bad, late) and each watermarked source's
     latest event time are observed while the batch's write job reads the inputs
     (``settle_inputs``), which saves a job and a cache per batch. ``watermarks``: each
     source's watermark as the batch begins (from the previous commit); rows below it are
-    late and become dead letters.
+    late and become dead letters. An upstream table with an event time (its window_end)
+    passes on its watermark as of the changelog version read (``stats.watermarks``).
     """
+    watermarks = dict(stats.watermarks)
     observed: list[_Observed] = []
     size = 0
     after: dict[str, int | None] = {}  # sources' watermarks after the batch, if needed now
     for src in pipe.table.physical.sources:
-        got = inputs.get(source_key(src.kind, src.name))
+        key = source_key(src.kind, src.name)
+        got = inputs.get(key)
         dsrc = pipe.delta_sources.get(src.name.lower()) if src.kind == "source" else None
         if src.kind == "table" or dsrc is not None:
             if dsrc is None:
                 rows, files = upstream_changes(pipe, src, got)
                 size += _local_bytes(files)
+                mark = upstream_watermark(pipe, src, got)
+                if mark is not None:
+                    stats.watermarks[key] = after[key] = mark
             else:
                 rows = dsrc.changes(pipe.spark, got, table=pipe.name)
                 size += ALL_BUCKETS_BYTES if got and got["from"] is None else 0
@@ -98,7 +113,6 @@ def read_inputs(pipe: Pipeline, ctx: BatchContext, inputs: dict[str, Any],
             # Spark refuses raw-CSV queries that read only the corrupt-record column.
             records = ctx.persist(records)
         exprs = ["count_if(_reason IS NULL) AS good", "count_if(_reason IS NOT NULL) AS bad"]
-        key = source_key(src.kind, src.name)
         if sdef.watermark is not None:
             records, timed = _late(records, sdef, watermarks.get(key))
             exprs += [f"count_if(startswith(_reason, '{LATE}')) AS late", timed]
@@ -113,9 +127,9 @@ def read_inputs(pipe: Pipeline, ctx: BatchContext, inputs: dict[str, Any],
     # Any superset of the touched buckets is correct; a large batch touches them all.
     ctx.all_buckets = size > ALL_BUCKETS_BYTES
     ctx.watermark_before = table_watermark(watermarks, pipe.watermarked)
-    if after:
-        ctx.watermark = table_watermark({k: v for k, v in after.items() if v is not None},
-                                        pipe.watermarked)
+    if pipe.table.physical.closes_windows:
+        now = {**watermarks, **{k: v for k, v in after.items() if v is not None}}
+        ctx.watermark = table_watermark(now, pipe.watermarked)
     return observed
 
 
@@ -197,6 +211,23 @@ def commit_kafka_offsets(pipe: Pipeline, inputs: dict[str, Any]) -> None:
                 pipe.progress(f"[{pipe.name}] could not commit the consumer-group offsets of "
                               f"source {sdef.name!r} (lag tools only; reading resumes from "
                               f"the batch log): {e}")
+
+
+def upstream_watermark(pipe: Pipeline, src: PSource, got: dict[str, Any] | None
+                       ) -> int | None:
+    """An upstream table's watermark as of the changelog version this batch reads up to
+    (the last of its batches that committed at most that version), when the table passes
+    its watermark on (``event_time``); None otherwise or when nothing new is read."""
+    upstream = pipe.project.table(src.name)
+    if upstream.definition.event_time is None or not got:
+        return None
+    log = BatchLog(pipe.env.store, pipe.layout.log(upstream.name))
+    for batch in sorted(log.commits, reverse=True):
+        payload = log.commit_payload(batch) or {}
+        version = payload.get("versions", {}).get("changelog")
+        if version is not None and version <= got["to"]:
+            return payload.get("watermark")
+    return None
 
 
 def upstream_changes(pipe: Pipeline, src: PSource, got: dict[str, Any] | None

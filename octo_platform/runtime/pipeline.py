@@ -26,6 +26,7 @@ from octo_platform.runtime.inputs import (
     read_inputs,
     settle_inputs,
     table_watermark,
+    watermarked_inputs,
 )
 from octo_platform.runtime.layout import Layout, ScratchLayout
 from octo_platform.runtime.metrics import JobCounter
@@ -111,9 +112,7 @@ class Pipeline:
             if src.kind == "source" and (sdef := project.source(src.name)).connector == "delta"}
         for name, dsrc in self.delta_sources.items():  # the table and its columns exist
             dsrc.check(self.name, last_read=self.log.last_version(source_key("source", name)))
-        self.watermarked = sum(
-            1 for src in table.physical.sources if src.kind == "source"
-            and project.source(src.name).watermark is not None)
+        self.watermarked = watermarked_inputs(project, table)
         self.sinks = [] if isinstance(layout, ScratchLayout) else [
             SinkRunner(spark, project, s, layout, env, progress=progress)
             for s in project.sinks_of(self.name)]
@@ -176,7 +175,7 @@ class Pipeline:
             state_log=state_log, memo=self.memo)
         jobs = JobCounter(self.spark, f"octo {self.name} batch {batch}")
         try:
-            observed = read_inputs(self, ctx, inputs, dict(stats.watermarks))
+            observed = read_inputs(self, ctx, inputs, stats)
             delta = evaluate(self.table.physical.root, ctx)
             events = encode(self, ctx, delta, ts_ms)
             written = write_batch(self, ctx, events, pinned, resumed=resumed)
@@ -193,7 +192,8 @@ class Pipeline:
         log.append(batch, "commit", {"versions": versions, "stats": stats.to_json(),
                                      "fingerprint": self.fingerprint,
                                      "state_format": STATE_FORMAT,
-                                     "watermarks": stats.watermarks}, ts_ms)
+                                     "watermarks": stats.watermarks,
+                                     "watermark": stats.watermark}, ts_ms)
         commit_kafka_offsets(self, inputs)
         if batch % MAINTENANCE_EVERY == MAINTENANCE_EVERY - 1:
             self.maintain()

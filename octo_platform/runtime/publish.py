@@ -78,6 +78,7 @@ def publish_recomputed(pipe: Pipeline, batch: int, spec: dict[str, Any],
                                       "fingerprint": pipe.fingerprint,
                                       "state_format": STATE_FORMAT,
                                       "watermarks": stats.watermarks,
+                                      "watermark": stats.watermark,
                                       RECOMPUTED: spec}, ts_ms)
     if "://" not in scratch.warehouse:
         shutil.rmtree(scratch.warehouse, ignore_errors=True)

@@ -11,7 +11,7 @@ from typing import TYPE_CHECKING
 
 from octo_platform.columns import BUCKET
 from octo_platform.project import Project
-from octo_platform.runtime.inputs import input_specs
+from octo_platform.runtime.inputs import input_specs, watermarked_inputs
 from octo_platform.runtime.offsets import BatchLog, available
 from octo_platform.runtime.options import RunOptions
 from octo_platform.runtime.sinks import unpublished
@@ -91,8 +91,7 @@ def table_status(project: Project, name: str, *, options: RunOptions) -> TableSt
         state_rows={t: store.num_rows(layout.state(tname, t)) or 0
                     for t in table.physical.state_tables},
         backlog=backlog,
-        watermarked=any(src.kind == "source" and project.source(src.name).watermark
-                        for src in table.physical.sources),
+        watermarked=watermarked_inputs(project, table) > 0,
         watermark=(log.commits[last].payload.get("stats", {}).get("watermark")
                    if last in log.commits else None),
         late_rows=sum(s.get("late_rows", 0) for s in stats),
