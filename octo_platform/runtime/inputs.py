@@ -67,10 +67,13 @@ def read_inputs(pipe: Pipeline, ctx: BatchContext, inputs: dict[str, Any],
 
     Nothing is read here: record counts (good, bad, late) and each watermarked source's
     latest event time are observed while the batch's write job reads the inputs
-    (``settle_inputs``), which saves a job and a cache per batch. ``watermarks``: each
-    source's watermark as the batch begins (from the previous commit); rows below it are
-    late and become dead letters. An upstream table with an event time (its window_end)
-    passes on its watermark as of the changelog version read (``stats.watermarks``).
+    (``settle_inputs``), which saves a job and a cache per batch. ``stats.watermarks``
+    holds each input's watermark as the batch begins (from the previous commit): a
+    source's rows below it are late and become dead letters. An upstream table that
+    passes its watermark on gets its watermark as of the changelog version read. When
+    the table's windows close by the watermark, the batch's new watermark is needed
+    before it runs: the watermarked sources' records are then cached and their latest
+    event time read with a job of its own (``ctx.watermark``).
     """
     watermarks = dict(stats.watermarks)
     observed: list[_Observed] = []

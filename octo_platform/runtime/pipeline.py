@@ -58,10 +58,10 @@ class BatchStats:
     skipped: bool = False
     sinks: list[SinkStats] = field(default_factory=list)  # sink batches published after it
     late_rows: int = 0  # of the dead letters: records below their source's watermark
-    # Each watermarked source's watermark after the batch (microseconds since the epoch),
-    # by source key; durable in the batch's commit record.
+    # Each watermarked input's watermark after the batch (microseconds since the epoch),
+    # by input key; durable in the batch's commit record.
     watermarks: dict[str, int] = field(default_factory=dict)
-    watermarked: int = 0  # how many of the table's sources declare a watermark
+    watermarked: int = 0  # how many of the table's inputs have a watermark
 
     @property
     def watermark(self) -> int | None:
