@@ -12,6 +12,7 @@ from __future__ import annotations
 import json
 import random
 from collections import Counter
+from datetime import datetime, timedelta
 
 import pytest
 from deltalake import DeltaTable
@@ -182,3 +183,69 @@ def test_a_kafka_source_with_a_watermark(spark, tmp_path):
     rows = DeltaTable(str(tmp_path / "warehouse" / "_current" / "per_user")).to_pyarrow_table()
     assert sorted(zip(rows.column("user_id").to_pylist(), rows.column("n").to_pylist())) == [
         (0, 2), (1, 1)]
+
+
+def test_state_ttl_forgets_idle_keys_and_keeps_the_changelog_consistent(spark, tmp_path):
+    """A user's GROUP BY state is forgotten once the watermark passes its last change plus
+    the TTL; the user's next click starts it afresh, and the changelog replaces the old row
+    with a ``u`` (never a second row). The generator replays the same rule batch by batch."""
+    from tests.oracle import changelog_events, check_changelog, replay, write_lines
+
+    seed, ttl = 20261131, timedelta(seconds=20)
+    rng = random.Random(seed)
+    (tmp_path / "sql").mkdir()
+    (tmp_path / "sql" / "ttl.sql").write_text(source_sql(False, 1) + (
+        "\nCREATE STREAMING TABLE per_user WITH (state_ttl = '20 seconds') AS "
+        "SELECT user_id, COUNT(*) AS n, SUM(amount) AS s FROM clicks GROUP BY user_id;"))
+    project = load_project(tmp_path)
+    assert "state_ttl=20 SECOND" in project.explain("per_user")
+    src = TimedSource(seed, False)
+    kept: dict[int, list[dict]] = {}  # per user: the rows since its state last started
+    last: dict[int, datetime] = {}  # per user: the watermark after its last change
+    restarts = 0
+    for round_no in range(3):
+        for f in range(rng.randint(2, 4)):
+            before, seen = src.watermark, len(src.appended)
+            (lines,) = src.batch(1)
+            write_lines(tmp_path / "data" / "clicks", f"r{round_no}-{f}.json", lines)
+            rows = src.appended[seen:]
+            expired = {r["user_id"] for r in rows if r["user_id"] in last
+                       and before is not None and last[r["user_id"]] + ttl <= before}
+            restarts += len(expired)
+            for user in expired:
+                kept[user] = []
+            for row in rows:
+                kept.setdefault(row["user_id"], []).append(row)
+                last[row["user_id"]] = src.watermark
+        run_tables(spark, tmp_path, options=default_options(buckets=2, progress=None),
+                   until_idle=True)
+        want = Counter({(u, len(rows), sum(r["amount"] for r in rows)): 1
+                        for u, rows in kept.items()})
+        assert replay(tmp_path / "warehouse", "per_user") == want, round_no
+        check_changelog(tmp_path / "warehouse", "per_user", pk=True)
+    assert restarts, "some user's state expired and started again"
+    ops = Counter(e["op"] for e in changelog_events(tmp_path / "warehouse", "per_user"))
+    assert ops["c"] == len(kept)  # one row per user, ever
+
+
+
+@pytest.mark.parametrize("ttl, query, message", [
+    ("soon", "SELECT user_id, COUNT(*) AS n FROM clicks GROUP BY user_id",
+     "state_ttl must be '<n> <unit>'"),
+    ("1 hour", "SELECT user_id, COUNT(DISTINCT id) AS n FROM clicks GROUP BY user_id",
+     "applies to a query that ends in a GROUP BY over append-only input"),
+    ("1 hour", "SELECT c.user_id, COUNT(*) AS n FROM clicks c JOIN plain p ON c.id = p.id "
+     "GROUP BY c.user_id", "without joins or other GROUP BYs below it"),
+    ("1 hour", "SELECT id, COUNT(*) AS n FROM plain GROUP BY id", "needs a watermark"),
+])
+def test_state_ttl_errors_point_at_the_option(ttl, query, message):
+    text = "\n".join([
+        source_sql(False, 1),
+        "CREATE SOURCE plain (id BIGINT, ts TIMESTAMP) WITH (connector = 'files', "
+        "path = 'p', format = 'json');",
+        f"CREATE STREAMING TABLE t\n  WITH (state_ttl = '{ttl}') AS {query};"])
+    line = text.count("\n", 0, text.index("  WITH (state_ttl")) + 1
+    with pytest.raises(SqlError) as err:
+        build_catalog(parse_sql(text, path="t.sql"))
+    assert message in str(err.value)
+    assert str(err.value).startswith(f"t.sql:{line}:9:")

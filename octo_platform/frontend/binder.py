@@ -23,9 +23,11 @@ from octo_platform.logical.plan import (
     Filter,
     Node,
     Project,
+    Scan,
     Window,
     transform,
 )
+from octo_platform.timeunits import parse_span
 from octo_platform.logical.windows import closing_key, final_when_closed, window_bound
 
 __all__ = ["Catalog", "build_catalog"]
@@ -147,6 +149,44 @@ def _emit_on_close(catalog: Catalog, stmt: TableStmt, plan: Node) -> Node:
     return transform(plan, lambda n: replace(n, emit_on_close=True) if n is agg else n)
 
 
+def _state_ttl(catalog: Catalog, stmt: TableStmt, plan: Node) -> Node:
+    """``plan`` with its GROUP BY forgetting a group's state ``state_ttl`` after the
+    group's last change (by the watermark); an error at the option when it cannot."""
+    at = stmt.location("state_ttl")
+    what = f"streaming table {stmt.name!r}: state_ttl"
+    ttl = parse_span(stmt.options["state_ttl"])
+    if ttl is None:
+        raise SqlError(f"{what} must be '<n> <unit>' (unit microsecond to week), e.g. "
+                       f"'1 hour' (got {stmt.options['state_ttl']!r})", at)
+    agg = plan
+    while isinstance(agg, (Filter, Project)):
+        agg = agg.input
+    below = agg.input if isinstance(agg, Aggregate) else agg
+
+    def stateless(n: Node) -> bool:
+        return isinstance(n, Scan) or (isinstance(n, (Filter, Project)) or isinstance(
+            n, Window) and n.kind != "session") and all(stateless(c) for c in n.inputs)
+
+    if not isinstance(agg, Aggregate) or not agg.keys or not stateless(below) \
+            or below.mode != "append-only" or any(a.distinct for a in agg.aggs):
+        raise SqlError(f"{what} applies to a query that ends in a GROUP BY over append-only "
+                       "input, without COUNT(DISTINCT) and without joins or other GROUP BYs "
+                       "below it (the state it can forget safely in this version)", at)
+    scans = [n for n in _walk(below) if isinstance(n, Scan)]
+    if not any((catalog.sources[s.name.lower()].watermark if s.kind == "source"
+                else catalog.table(s.name).event_time) is not None for s in scans):
+        raise SqlError(f"{what} needs a watermark (WATERMARK FOR on a source it reads): the "
+                       "state is forgotten when the watermark passes its last change plus "
+                       "the TTL", at)
+    return transform(plan, lambda n: replace(n, ttl_us=ttl) if n is agg else n)
+
+
+def _walk(node: Node):
+    yield node
+    for child in node.inputs:
+        yield from _walk(child)
+
+
 def _unwatermarked(catalog: Catalog, window: Window | None) -> tuple[str, str] | None:
     """A ``(relation, column)`` the window's time comes from that has no watermark (a
     source's WATERMARK column, or a streaming table's window_end that carries its
@@ -190,6 +230,8 @@ def _bind_table(catalog: Catalog, stmt: TableStmt) -> TableDef:
     check_sessions(plan, stmt)
     if stmt.emit_offset is not None:
         plan = _emit_on_close(catalog, stmt, plan)
+    if "state_ttl" in stmt.options:
+        plan = _state_ttl(catalog, stmt, plan)
     pk, partitioning = table_options(stmt, plan.columns)
     return TableDef(stmt.name, plan, dict(stmt.options), stmt.sql, stmt.file.path,
                     pk if pk is not None else plan.pk, tuple(sorted(binder.deps)),

@@ -31,7 +31,7 @@ SINK_OPTIONS = ("connector", "bootstrap_servers", "topic", "format", "tombstones
 SINK_CHOICES = {"connector": ("kafka",), "format": ("debezium-json",),
                 "tombstones": ("true", "false")}
 MODES = ("updating", "append-only")
-TABLE_OPTIONS = ("primary_key", "partition_by", "partitions", "partition_start")
+TABLE_OPTIONS = ("primary_key", "partition_by", "partitions", "partition_start", "state_ttl")
 
 
 def source_def(stmt: SourceStmt) -> SourceDef:

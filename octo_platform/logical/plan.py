@@ -157,6 +157,7 @@ class Aggregate(Unary):
     aggs: tuple[AggCall, ...] = ()
     distinct: bool = False
     emit_on_close: bool = False  # EMIT ON WINDOW CLOSE: each window's result once, final
+    ttl_us: int | None = None  # state_ttl: a group's state is forgotten this long after
 
     def describe(self) -> str:
         keys = ", ".join(quote(k) for k in self.keys) or "()"
@@ -165,7 +166,8 @@ class Aggregate(Unary):
             for a, c in zip(self.aggs, self.columns[len(self.keys) :])
         )
         emit = " emit=on window close" if self.emit_on_close else ""
-        return f"Aggregate keys=[{keys}] aggs=[{aggs}]{emit}"
+        ttl = f" state_ttl={span_text(self.ttl_us)}" if self.ttl_us else ""
+        return f"Aggregate keys=[{keys}] aggs=[{aggs}]{emit}{ttl}"
 
 
 @dataclass(frozen=True)

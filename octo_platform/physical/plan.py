@@ -119,6 +119,7 @@ class PAggregate(PNode):
     # (``final_when_closed``: append-only input, or sessions over it).
     closes: tuple[str, int] | None = None
     emit_on_close: bool = False  # emit each group once, final, when its window closes
+    ttl_us: int | None = None  # state_ttl: a group's state is forgotten this long after
 
     @property
     def inputs(self) -> tuple[PNode, ...]:
@@ -148,9 +149,12 @@ class PAggregate(PNode):
             f" closes when watermark >= {quote(self.closes[0])} + "
             f"{span_text(self.closes[1]) if self.closes[1] else '0'} (state dropped)")
         emit = " emit=on window close" if self.emit_on_close else ""
+        ttl = "" if self.ttl_us is None else (
+            f" state_ttl={span_text(self.ttl_us)} (a group's state is forgotten once the "
+            "watermark passes its last change plus the TTL; its result row stays)")
         return (f"HashAggregate keys=[{keys}] aggs=[{aggs}] input={self.input.mode} "
                 f"state=[{', '.join(self.state_tables())}] as keyed change logs"
-                f"{closes}{emit}")
+                f"{closes}{emit}{ttl}")
 
 
 @dataclass(frozen=True)
@@ -316,6 +320,12 @@ class PhysicalPlan:
         return tuple(t for n in _walk(self.root) for t in n.state_tables())
 
     @property
+    def state_ttl(self) -> int | None:
+        """The TTL of the plan's GROUP BY state (``state_ttl``), if any."""
+        return next((n.ttl_us for n in _walk(self.root)
+                     if isinstance(n, PAggregate) and n.ttl_us), None)
+
+    @property
     def closes_windows(self) -> bool:
         """An aggregate closes windows: a batch needs its new watermark before it runs."""
         return any(isinstance(n, PAggregate) and n.closes or isinstance(n, (PSession, POver))
@@ -377,7 +387,7 @@ def lower(table: str, root: lp.Node, pk: tuple[str, ...] | None) -> PhysicalPlan
                               keys=node.keys, aggs=aggs,
                               closes=None if closing is None else (closing.key,
                                                                    closing.offset_us),
-                              emit_on_close=node.emit_on_close)
+                              emit_on_close=node.emit_on_close, ttl_us=node.ttl_us)
         if isinstance(node, lp.UnionAll):
             kids = tuple(go(c) for c in node.children)
             return PUnion(next_id("union"), node.columns, node.mode, children=kids)

@@ -173,11 +173,14 @@ class Pipeline:
             self.spark, batch, self.buckets, {},
             lambda t, b: store.files(self.layout.state(self.name, t), pinned.get(f"state/{t}"), b),
             state_log=state_log, memo=self.memo)
+        if self.table.physical.state_ttl:
+            ctx.expired_through = self.expired_through(stats.watermark,
+                                                       self.table.physical.state_ttl)
         jobs = JobCounter(self.spark, f"octo {self.name} batch {batch}")
         try:
             observed = read_inputs(self, ctx, inputs, stats)
             delta = evaluate(self.table.physical.root, ctx)
-            events = encode(self, ctx, delta, ts_ms)
+            events = encode(self, ctx, delta, ts_ms, pinned)
             written = write_batch(self, ctx, events, pinned, resumed=resumed)
             versions = {**pinned, **written.versions}
             versions["current"] = update_current(self, batch, events, written, pinned,
@@ -201,6 +204,18 @@ class Pipeline:
             self.progress(stats.line())
         stats.sinks = self.publish()
         return stats
+
+    def expired_through(self, watermark: int | None, ttl: int) -> int | None:
+        """``state_ttl``: the last batch whose changes the watermark has left ``ttl``
+        behind (each batch's own watermark stands for the time of its changes)."""
+        if watermark is None:
+            return None
+        cut = None
+        for b in sorted(self.log.commits):
+            mark = (self.log.commit_payload(b) or {}).get("watermark")
+            if mark is not None and mark + ttl <= watermark:
+                cut = b
+        return cut
 
     def maintain(self) -> None:
         """Delete state files older than the last commit and compact the batch log.

@@ -22,11 +22,14 @@ __all__ = ["Events", "encode", "write_batch", "update_current", "write_dead_lett
 _CB = "_cb"  # an event's bucket in the current-state table (reported, not written)
 
 
-def encode(pipe: Pipeline, ctx: BatchContext, delta: DataFrame, ts_ms: int) -> Events:
+def encode(pipe: Pipeline, ctx: BatchContext, delta: DataFrame, ts_ms: int,
+           pinned: dict[str, int | None]) -> Events:
     """Δ encoded as change events, each with the ``_bucket`` of its row in the
     current-state table (bucketed by primary key, or the whole row) as ``_cb``."""
     plan = pipe.table.physical
     columns = plan.root.columns
+    if plan.state_ttl:
+        delta = restarted(pipe, delta, pinned)
     if plan.keyed_changes:
         events = pipe.env.encode_keyed(delta, columns, plan.pk, table=pipe.name,
                                        batch=ctx.batch, ts_ms=ts_ms)
@@ -35,6 +38,28 @@ def encode(pipe: Pipeline, ctx: BatchContext, delta: DataFrame, ts_ms: int) -> E
             consolidate(delta, [quote(c) for c in columns]), columns, plan.pk,
             table=pipe.name, batch=ctx.batch, ts_ms=ts_ms)
     return Events(events.selectExpr("*", f"{event_bucket(pipe)} AS {_CB}"))
+
+
+def restarted(pipe: Pipeline, delta: DataFrame, pinned: dict[str, int | None]) -> DataFrame:
+    """``state_ttl``: a key whose state was forgotten starts afresh, so Δ inserts its row
+    without retracting the one the table holds; add that retraction from the current
+    state (the change becomes a ``u``, never a second row for the key)."""
+    plan = pipe.table.physical
+    keys = [quote(k) for k in plan.pk or ()]
+    files = pipe.env.store.files(pipe.layout.current(pipe.name), pinned.get("current"))
+    if not keys or not files:
+        return delta
+    w = quote(WEIGHT)
+    cols = [quote(c) for c in plan.root.columns]
+    schema = delta.drop(WEIGHT).schema
+    same = " AND ".join(f"a.{k} <=> b.{k}" for k in keys)
+    lone = delta.filter(f"{w} > 0").select(*keys).alias("a").join(
+        delta.filter(f"{w} < 0").select(*keys).alias("b"), sql_expr(same), "left_anti")
+    on = " AND ".join(f"c.{k} <=> l.{k}" for k in keys)
+    old = (pipe.spark.read.schema(schema).parquet(*files).alias("c")
+           .join(lone.alias("l"), sql_expr(on), "left_semi")
+           .selectExpr(*cols, f"CAST(-1 AS BIGINT) AS {w}"))
+    return delta.unionByName(old)
 
 
 def current_key(pipe: Pipeline) -> list[str]:

@@ -50,10 +50,12 @@ def read_log(spark: SparkSession, files: list[StateFile], schema: StructType) ->
 
 
 def latest(spark: SparkSession, files: list[StateFile], schema: StructType, keys: list[str], *,
-           wanted: DataFrame | None = None, alive: str | None = None) -> DataFrame:
+           wanted: DataFrame | None = None, alive: str | None = None,
+           newer_than: int | None = None) -> DataFrame:
     """Each key's newest row (``schema``'s columns, without ``_batch``), only for the keys in
     ``wanted`` (a frame of key columns; all keys when None) and, with ``alive``, only rows
-    that satisfy it (tombstones fail it)."""
+    that satisfy it (tombstones fail it); with ``newer_than``, only keys whose newest row
+    a later batch wrote (older ones are expired: ``state_ttl``)."""
     rows = read_log(spark, files, with_batch(schema))
     if wanted is not None:
         on = " AND ".join(f"s.{quote(c)} <=> w.{quote(c)}" for c in wanted.columns) or "true"
@@ -62,6 +64,8 @@ def latest(spark: SparkSession, files: list[StateFile], schema: StructType, keys
         part = f"PARTITION BY {', '.join(quote(k) for k in keys)} " if keys else ""
         rows = rows.selectExpr("*", f"row_number() OVER ({part}ORDER BY {BATCH} DESC) AS _rk") \
             .filter("_rk = 1")
+    if newer_than is not None:
+        rows = rows.filter(f"{BATCH} > {newer_than}")
     rows = rows.selectExpr(*[quote(f.name) for f in schema.fields])
     return rows.filter(alive) if alive else rows
 

@@ -97,7 +97,8 @@ class Aggregate:
         names = list(node.keys)
         alive = f"{COUNT} != 0" if self.keys else None  # a group whose count is 0 is gone
         old = latest(ctx.spark, ctx.state_log(node.id), shape.state_schema, names,
-                     wanted=dagg.select(*self.keys) if self.keys else None, alive=alive)
+                     wanted=dagg.select(*self.keys) if self.keys else None, alive=alive,
+                     newer_than=self.expired())
         ctx.compact(node.id, lambda files, full: merge_keyed(
             ctx.spark, files, shape.state_schema, names, full=full,
             alive=self.kept(alive)))
@@ -120,14 +121,21 @@ class Aggregate:
             return self.closing(table, shape)
         return self.output(table, shape)
 
+    def expired(self) -> int | None:
+        """With ``state_ttl``: the last batch whose state rows are expired."""
+        return self.ctx.expired_through if self.node.ttl_us else None
+
     def kept(self, alive: str | None) -> str | None:
-        """What a full compaction keeps: live groups, and of a windowed aggregate only
-        those of windows still open (a closed window's group is never touched again)."""
-        node, mark = self.node, self.ctx.watermark
-        if node.closes is None or mark is None:
-            return alive
-        open_ = f"NOT ({node.closed_sql(mark)})"
-        return f"({alive}) AND {open_}" if alive else open_
+        """What a full compaction keeps: live groups; of a windowed aggregate only those of
+        windows still open (a closed window's group is never touched again); with
+        ``state_ttl`` only those not expired."""
+        node, mark, cut = self.node, self.ctx.watermark, self.expired()
+        conditions = [f"({alive})"] if alive else []
+        if node.closes is not None and mark is not None:
+            conditions.append(f"NOT ({node.closed_sql(mark)})")
+        if cut is not None:
+            conditions.append(f"{BATCH} > {cut}")
+        return " AND ".join(conditions) or None
 
     def closing(self, table: DataFrame, shape: _AggShape) -> DataFrame:
         """EMIT ON WINDOW CLOSE: the final rows of the groups whose window this batch's

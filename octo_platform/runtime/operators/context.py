@@ -58,6 +58,8 @@ class BatchContext:
     # none yet); windows whose end is at most ``watermark`` are closed by this batch.
     watermark_before: int | None = None
     watermark: int | None = None
+    # state_ttl: state rows written by this batch or earlier ones are expired.
+    expired_through: int | None = None
 
     def persist(self, df: DataFrame) -> DataFrame:
         df = df.persist()
