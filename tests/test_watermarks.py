@@ -24,7 +24,13 @@ from octo_platform.project import load_project
 from octo_platform.runtime.runner import run_tables
 from octo_platform.wiring import default_options
 from tests.oracle import check_tables, write_lines
-from tests.timed import TimedSource, late_dead_letters, source_sql, write_round
+from tests.timed import (
+    TimedSource,
+    assert_error_at,
+    late_dead_letters,
+    source_sql,
+    write_round,
+)
 
 TABLES = {
     "per_user": """SELECT user_id, COUNT(*) AS n, SUM(amount) AS s, MIN(ts) AS first_ts,
@@ -239,13 +245,5 @@ def test_state_ttl_forgets_idle_keys_and_keeps_the_changelog_consistent(spark, t
     ("1 hour", "SELECT id, COUNT(*) AS n FROM plain GROUP BY id", "needs a watermark"),
 ])
 def test_state_ttl_errors_point_at_the_option(ttl, query, message):
-    text = "\n".join([
-        source_sql(False, 1),
-        "CREATE SOURCE plain (id BIGINT, ts TIMESTAMP) WITH (connector = 'files', "
-        "path = 'p', format = 'json');",
-        f"CREATE STREAMING TABLE t\n  WITH (state_ttl = '{ttl}') AS {query};"])
-    line = text.count("\n", 0, text.index("  WITH (state_ttl")) + 1
-    with pytest.raises(SqlError) as err:
-        build_catalog(parse_sql(text, path="t.sql"))
-    assert message in str(err.value)
-    assert str(err.value).startswith(f"t.sql:{line}:9:")
+    assert_error_at([f"CREATE STREAMING TABLE t WITH (state_ttl = '{ttl}') AS {query};"],
+                    "state_ttl =", message)

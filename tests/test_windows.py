@@ -15,7 +15,13 @@ from octo_platform.project import load_project
 from octo_platform.runtime.runner import run_tables
 from octo_platform.wiring import default_options
 from tests.oracle import check_tables
-from tests.timed import TimedSource, late_dead_letters, source_sql, write_round
+from tests.timed import (
+    TimedSource,
+    assert_error_at,
+    late_dead_letters,
+    source_sql,
+    write_round,
+)
 
 TUMBLE = "TUMBLE(clicks, ts, INTERVAL '1' MINUTE)"
 TABLES = {
@@ -190,17 +196,8 @@ FROM {TUMBLE} GROUP BY window_start, user_id;"""
      "GROUP BY window_start", "declare WATERMARK FOR ts on source plain"),
 ])
 def test_emit_on_window_close_errors_point_at_the_clause(query, message):
-    text = "\n".join([
-        source_sql(False, 1),
-        source_sql(True, 1).replace("clicks", "cdc"),
-        "CREATE SOURCE plain (id BIGINT, ts TIMESTAMP) WITH (connector = 'files', "
-        "path = 'p', format = 'json');",
-        f"CREATE STREAMING TABLE t AS {query}\n  EMIT ON WINDOW CLOSE;"])
-    line = text.count("\n", 0, text.index("  EMIT")) + 1
-    with pytest.raises(SqlError) as err:
-        build_catalog(parse_sql(text, path="e.sql"))
-    assert message in str(err.value)
-    assert str(err.value).startswith(f"e.sql:{line}:3:")
+    assert_error_at([f"CREATE STREAMING TABLE t AS {query}\n  EMIT ON WINDOW CLOSE;"],
+                    "EMIT ON", message)
 
 
 SESSIONS = {

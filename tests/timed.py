@@ -21,6 +21,30 @@ DELAY = timedelta(seconds=30)
 START = datetime(2026, 1, 1, 10, 0, 0)
 
 
+PLAIN_SQL = ("CREATE SOURCE plain (id BIGINT, ts TIMESTAMP) WITH (connector = 'files', "
+             "path = 'p', format = 'json');")  # a source without a watermark
+
+
+def assert_error_at(statements: list[str], marker: str, message: str) -> None:
+    """Binding ``statements`` (after the timed ``clicks``, a Debezium ``cdc`` and ``plain``
+    sources) fails with ``message``, pointing at the first ``marker`` in the text."""
+    from octo_platform.errors import SqlError
+    from octo_platform.frontend.binder import build_catalog
+    from octo_platform.frontend.parser import parse_sql
+
+    text = "\n".join([source_sql(False, 1), source_sql(True, 1).replace("clicks", "cdc"),
+                      PLAIN_SQL, *statements])
+    at = text.index(marker)
+    line, col = text.count("\n", 0, at) + 1, at - text.rfind("\n", 0, at)
+    try:
+        build_catalog(parse_sql(text, path="e.sql"))
+    except SqlError as e:
+        assert message in str(e), str(e)
+        assert str(e).startswith(f"e.sql:{line}:{col}:"), str(e)
+    else:
+        raise AssertionError(f"no error: {message}")
+
+
 def source_sql(debezium: bool, max_files: int) -> str:
     fmt = "debezium-json', primary_key = 'id" if debezium else "json"
     return (f"CREATE SOURCE clicks (id BIGINT, user_id BIGINT, amount BIGINT, ts TIMESTAMP,\n"
