@@ -23,13 +23,13 @@ from octo_platform.frontend.parser import parse_sql
 from octo_platform.project import load_project
 from octo_platform.runtime.runner import run_tables
 from octo_platform.wiring import default_options
-from tests.oracle import check_tables, write_lines
+from tests.oracle import write_lines
 from tests.timed import (
     TimedSource,
     assert_error_at,
     late_dead_letters,
     source_sql,
-    write_round,
+    timed_oracle,
 )
 
 TABLES = {
@@ -47,29 +47,21 @@ def project_sql(debezium: bool, max_files: int) -> str:
 @pytest.mark.parametrize("debezium", [False, True], ids=["append-only", "debezium"])
 def test_late_records_are_dead_letters_and_the_rest_matches_batch_sql(spark, tmp_path,
                                                                        debezium):
-    seed = 20261125 + int(debezium)
-    rng = random.Random(seed)
-    max_files = rng.randint(1, 2)
-    sql = project_sql(debezium, max_files)
-    (tmp_path / "sql").mkdir()
-    (tmp_path / "sql" / "clicks.sql").write_text(sql)
-    project = load_project(tmp_path)
-    keyed = {n: project.table(n).physical.pk is not None for n in TABLES}
-    src = TimedSource(seed, debezium)
-    no_time = 0
-    for round_no in range(4):
-        no_time += write_round(src, rng, tmp_path / "data" / "clicks", round_no, max_files)
-        report = run_tables(spark, tmp_path, options=default_options(buckets=4, progress=None),
-                            until_idle=True)
+    dead = {"no_time": 0}
+
+    def dead_letters(src, round_no, report, no_time) -> None:
         assert report.batches
-        check_tables(spark, tmp_path / "warehouse", sql, {"clicks": src.relation()}, keyed,
-                     round_no)
+        dead["no_time"] += no_time
         for table in TABLES:
             late, other = late_dead_letters(tmp_path / "warehouse", table)
             assert late == src.late, f"round {round_no}, {table}: late dead letters differ"
-            assert other == no_time
+            assert other == dead["no_time"]
+        dead["last"] = max(report.batches, key=lambda b: b.batch)
+
+    src = timed_oracle(spark, tmp_path, TABLES, 20261125 + int(debezium), debezium,
+                       rounds=4, each_round=dead_letters)
     assert sum(src.late.values()) > 3, "the generator made late records"
-    last = max(report.batches, key=lambda b: b.batch)
+    last = dead["last"]
     assert last.watermark is not None
     assert last.to_json()["watermark"] == str(src.watermark)
 

@@ -14,12 +14,12 @@ from octo_platform.frontend.parser import parse_sql
 from octo_platform.project import load_project
 from octo_platform.runtime.runner import run_tables
 from octo_platform.wiring import default_options
-from tests.oracle import check_tables
 from tests.timed import (
     TimedSource,
     assert_error_at,
     late_dead_letters,
     source_sql,
+    timed_oracle,
     write_round,
 )
 
@@ -47,31 +47,16 @@ TABLES = {
 }
 
 
-def project_sql(debezium: bool, max_files: int) -> str:
-    return "\n".join([source_sql(debezium, max_files),
-                      *(f"CREATE STREAMING TABLE {n} AS {q};" for n, q in TABLES.items())])
-
-
 @pytest.mark.parametrize("debezium", [False, True], ids=["append-only", "debezium"])
 def test_windows_match_batch_sql(spark, tmp_path, debezium):
-    seed = 20261126 + int(debezium)
-    rng = random.Random(seed)
-    max_files = rng.randint(1, 2)
-    sql = project_sql(debezium, max_files)
-    (tmp_path / "sql").mkdir()
-    (tmp_path / "sql" / "windows.sql").write_text(sql)
-    project = load_project(tmp_path)
-    keyed = {n: project.table(n).physical.pk is not None for n in TABLES}
-    assert keyed["w_tumble"] and keyed["w_hop"]
-    src = TimedSource(seed, debezium)
-    for round_no in range(3):
-        write_round(src, rng, tmp_path / "data" / "clicks", round_no, max_files)
-        run_tables(spark, tmp_path, options=default_options(buckets=4, progress=None),
-                   until_idle=True)
-        check_tables(spark, tmp_path / "warehouse", sql, {"clicks": src.relation()}, keyed,
-                     round_no)
+    def late_ones(src, round_no, report, no_time) -> None:
         late, _ = late_dead_letters(tmp_path / "warehouse", "w_tumble")
         assert late == src.late
+
+    src = timed_oracle(spark, tmp_path, TABLES, 20261126 + int(debezium), debezium,
+                       each_round=late_ones)
+    project = load_project(tmp_path)
+    assert project.table("w_tumble").physical.pk and project.table("w_hop").physical.pk
     assert src.late, "the generator made late records"
 
 
@@ -214,22 +199,7 @@ SESSIONS = {
 def test_session_windows_match_batch_sql(spark, tmp_path, debezium):
     """Sessions grow, merge and (over a CDC feed) split as rows come, go and move; the
     replay equals Spark's own ``session_window`` over the rows that were not late."""
-    seed = 20261128 + int(debezium)
-    rng = random.Random(seed)
-    max_files = rng.randint(1, 2)
-    sql = "\n".join([source_sql(debezium, max_files),
-                     *(f"CREATE STREAMING TABLE {n} AS {q};" for n, q in SESSIONS.items())])
-    (tmp_path / "sql").mkdir()
-    (tmp_path / "sql" / "sessions.sql").write_text(sql)
-    project = load_project(tmp_path)
-    keyed = {n: project.table(n).physical.pk is not None for n in SESSIONS}
-    src = TimedSource(seed, debezium)
-    for round_no in range(3):
-        write_round(src, rng, tmp_path / "data" / "clicks", round_no, max_files)
-        run_tables(spark, tmp_path, options=default_options(buckets=4, progress=None),
-                   until_idle=True)
-        check_tables(spark, tmp_path / "warehouse", sql, {"clicks": src.relation()}, keyed,
-                     round_no)
+    timed_oracle(spark, tmp_path, SESSIONS, 20261128 + int(debezium), debezium)
 
 
 OVER = {
@@ -252,22 +222,7 @@ def test_sliding_over_windows_match_batch_sql(spark, tmp_path, debezium):
     """Per row, aggregates over its partition's last 30 s (peers included): rows out of
     order, updates and deletes change their successors' values; equal to Spark's own
     window functions over the rows that were not late."""
-    seed = 20261129 + int(debezium)
-    rng = random.Random(seed)
-    max_files = rng.randint(1, 2)
-    sql = "\n".join([source_sql(debezium, max_files),
-                     *(f"CREATE STREAMING TABLE {n} AS {q};" for n, q in OVER.items())])
-    (tmp_path / "sql").mkdir()
-    (tmp_path / "sql" / "over.sql").write_text(sql)
-    project = load_project(tmp_path)
-    keyed = {n: project.table(n).physical.pk is not None for n in OVER}
-    src = TimedSource(seed, debezium)
-    for round_no in range(3):
-        write_round(src, rng, tmp_path / "data" / "clicks", round_no, max_files)
-        run_tables(spark, tmp_path, options=default_options(buckets=4, progress=None),
-                   until_idle=True)
-        check_tables(spark, tmp_path / "warehouse", sql, {"clicks": src.relation()}, keyed,
-                     round_no)
+    timed_oracle(spark, tmp_path, OVER, 20261129 + int(debezium), debezium)
 
 
 CHAINED = {

@@ -172,3 +172,35 @@ def write_round(source: TimedSource, rng: random.Random, directory: Path, round_
             write_lines(directory, f"r{round_no}-{written}.json", lines)
             written += 1
     return no_time
+
+
+def timed_oracle(spark, root: Path, tables: dict[str, str], seed: int, debezium: bool, *,
+                 rounds: int = 3, each_round=None) -> TimedSource:
+    """The timed ``clicks`` source and ``tables`` (name -> SELECT) in a project under
+    ``root``; ``rounds`` rounds of input, each a separate run, after each of which every
+    table's replayed changelog equals its SELECT as a batch query over the records that
+    were not late. ``each_round(source, round_no, report, records_without_time)`` checks
+    more."""
+    from octo_platform.project import load_project
+    from octo_platform.runtime.runner import run_tables
+    from octo_platform.wiring import default_options
+    from tests.oracle import check_tables
+
+    rng = random.Random(seed)
+    max_files = rng.randint(1, 2)
+    sql = "\n".join([source_sql(debezium, max_files),
+                     *(f"CREATE STREAMING TABLE {n} AS {q};" for n, q in tables.items())])
+    (root / "sql").mkdir()
+    (root / "sql" / "tables.sql").write_text(sql)
+    project = load_project(root)
+    keyed = {n: project.table(n).physical.pk is not None for n in tables}
+    src = TimedSource(seed, debezium)
+    for round_no in range(rounds):
+        no_time = write_round(src, rng, root / "data" / "clicks", round_no, max_files)
+        report = run_tables(spark, root, options=default_options(buckets=4, progress=None),
+                            until_idle=True)
+        check_tables(spark, root / "warehouse", sql, {"clicks": src.relation()}, keyed,
+                     round_no)
+        if each_round is not None:
+            each_round(src, round_no, report, no_time)
+    return src
