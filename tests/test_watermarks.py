@@ -183,57 +183,89 @@ def test_a_kafka_source_with_a_watermark(spark, tmp_path):
         (0, 2), (1, 1)]
 
 
-def test_state_ttl_forgets_idle_keys_and_keeps_the_changelog_consistent(spark, tmp_path):
-    """A user's GROUP BY state is forgotten once the watermark passes its last change plus
-    the TTL; the user's next click starts it afresh, and the changelog replaces the old row
-    with a ``u`` (never a second row). The generator replays the same rule batch by batch."""
+def test_state_ttl_forgets_state_and_keeps_the_changelog_consistent(spark, tmp_path):
+    """With ``state_ttl``, a GROUP BY forgets a group once the watermark passes its last
+    change plus the TTL, and an inner join forgets a stored row once the watermark passes
+    the batch that stored it plus the TTL. A user's next change starts its group afresh and
+    the changelog replaces the old row with a ``u`` (never a second row); a later click no
+    longer pairs with forgotten join rows, and pairs already made stay. The generator
+    replays both rules batch by batch."""
     from tests.oracle import changelog_events, check_changelog, replay, write_lines
 
     seed, ttl = 20261131, timedelta(seconds=20)
     rng = random.Random(seed)
+    pairs_sql = "FROM clicks a JOIN clicks b ON a.user_id = b.user_id AND a.id < b.id"
     (tmp_path / "sql").mkdir()
-    (tmp_path / "sql" / "ttl.sql").write_text(source_sql(False, 1) + (
-        "\nCREATE STREAMING TABLE per_user WITH (state_ttl = '20 seconds') AS "
-        "SELECT user_id, COUNT(*) AS n, SUM(amount) AS s FROM clicks GROUP BY user_id;"))
-    project = load_project(tmp_path)
-    assert "state_ttl=20 SECOND" in project.explain("per_user")
+    (tmp_path / "sql" / "ttl.sql").write_text("\n".join([
+        source_sql(False, 1),
+        "CREATE STREAMING TABLE per_user WITH (state_ttl = '20 seconds') AS "
+        "SELECT user_id, COUNT(*) AS n, SUM(amount) AS s FROM clicks GROUP BY user_id;",
+        "CREATE STREAMING TABLE pairs WITH (state_ttl = '20 seconds') AS "
+        f"SELECT a.id AS first_id, b.id AS second_id {pairs_sql};",
+        "CREATE STREAMING TABLE pair_counts WITH (state_ttl = '20 seconds') AS "
+        f"SELECT a.user_id, COUNT(*) AS n, SUM(b.amount) AS s {pairs_sql} GROUP BY a.user_id;"]))
+    explained = load_project(tmp_path).explain("pair_counts")
+    assert explained.count("state_ttl=20 SECOND") == 4, explained  # join, GROUP BY; twice
     src = TimedSource(seed, False)
-    kept: dict[int, list[dict]] = {}  # per user: the rows since its state last started
-    last: dict[int, datetime] = {}  # per user: the watermark after its last change
-    restarts = 0
+    stored: list[tuple[dict, datetime]] = []  # the join's rows, with their batch's watermark
+    pairs: Counter = Counter()
+    # per table, per user: [count, sum, the watermark the batch of its last change commits]
+    groups: dict[str, dict[int, list]] = {"per_user": {}, "pair_counts": {}}
+    forgotten = Counter()
+
+    def add(table: str, user: int, n: int, amount: int, expired) -> None:
+        group = groups[table].get(user)
+        if group is None or expired(group[2]):
+            forgotten[table] += group is not None
+            group = groups[table][user] = [0, 0, None]
+        group[0] += n
+        group[1] += amount
+        group[2] = src.watermark
+
     for round_no in range(3):
-        for f in range(rng.randint(2, 4)):
+        for f in range(rng.randint(3, 5)):
             before, seen = src.watermark, len(src.appended)
             (lines,) = src.batch(1)
             write_lines(tmp_path / "data" / "clicks", f"r{round_no}-{f}.json", lines)
             rows = src.appended[seen:]
-            expired = {r["user_id"] for r in rows if r["user_id"] in last
-                       and before is not None and last[r["user_id"]] + ttl <= before}
-            restarts += len(expired)
-            for user in expired:
-                kept[user] = []
-            for row in rows:
-                kept.setdefault(row["user_id"], []).append(row)
-                last[row["user_id"]] = src.watermark
+
+            def expired(mark: datetime | None, before=before) -> bool:
+                return before is not None and mark is not None and mark + ttl <= before
+
+            alive = [r for r, mark in stored if not expired(mark)]
+            forgotten["join rows"] += len(stored) - len(alive)
+            for b in rows:
+                add("per_user", b["user_id"], 1, b["amount"], expired)
+                made = [a for a in alive + rows if a["user_id"] == b["user_id"]
+                        and a["id"] < b["id"]]
+                pairs.update((a["id"], b["id"]) for a in made)
+                if made:
+                    add("pair_counts", b["user_id"], len(made), b["amount"] * len(made), expired)
+            stored = [(r, mark) for r, mark in stored if not expired(mark)] + [
+                (r, src.watermark) for r in rows]  # the watermark this batch commits
         run_tables(spark, tmp_path, options=default_options(buckets=2, progress=None),
                    until_idle=True)
-        want = Counter({(u, len(rows), sum(r["amount"] for r in rows)): 1
-                        for u, rows in kept.items()})
-        assert replay(tmp_path / "warehouse", "per_user") == want, round_no
-        check_changelog(tmp_path / "warehouse", "per_user", pk=True)
-    assert restarts, "some user's state expired and started again"
-    ops = Counter(e["op"] for e in changelog_events(tmp_path / "warehouse", "per_user"))
-    assert ops["c"] == len(kept)  # one row per user, ever
-
+        assert replay(tmp_path / "warehouse", "pairs") == pairs, round_no
+        for table in groups:
+            assert replay(tmp_path / "warehouse", table) == Counter(
+                {(u, n, s): 1 for u, (n, s, _) in groups[table].items()}), (table, round_no)
+            check_changelog(tmp_path / "warehouse", table, pk=True)
+    assert all(forgotten[k] for k in ("per_user", "pair_counts", "join rows")), forgotten
+    for table in groups:  # one row per user, ever
+        ops = Counter(e["op"] for e in changelog_events(tmp_path / "warehouse", table))
+        assert ops["c"] == len(groups[table]) and not ops["d"], (table, ops)
+    ops = Counter(e["op"] for e in changelog_events(tmp_path / "warehouse", "pairs"))
+    assert set(ops) == {"c"}  # pairs already made are never retracted
 
 
 @pytest.mark.parametrize("ttl, query, message", [
     ("soon", "SELECT user_id, COUNT(*) AS n FROM clicks GROUP BY user_id",
      "state_ttl must be '<n> <unit>'"),
     ("1 hour", "SELECT user_id, COUNT(DISTINCT id) AS n FROM clicks GROUP BY user_id",
-     "applies to a query that ends in a GROUP BY over append-only input"),
-    ("1 hour", "SELECT c.user_id, COUNT(*) AS n FROM clicks c JOIN plain p ON c.id = p.id "
-     "GROUP BY c.user_id", "without joins or other GROUP BYs below it"),
+     "applies to the state of a GROUP BY (without COUNT(DISTINCT))"),
+    ("1 hour", "SELECT c.user_id, COUNT(*) AS n FROM clicks c LEFT JOIN plain p ON c.id = p.id "
+     "GROUP BY c.user_id", "no outer joins, SESSION windows, top-N or other GROUP BYs below"),
+    ("1 hour", "SELECT id, user_id FROM clicks", "applies to the state of a GROUP BY"),
     ("1 hour", "SELECT id, COUNT(*) AS n FROM plain GROUP BY id", "needs a watermark"),
 ])
 def test_state_ttl_errors_point_at_the_option(ttl, query, message):

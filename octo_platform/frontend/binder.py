@@ -21,6 +21,7 @@ from octo_platform.logical.plan import (
     WINDOW_COLUMNS,
     Aggregate,
     Filter,
+    Join,
     Node,
     Project,
     Scan,
@@ -151,7 +152,8 @@ def _emit_on_close(catalog: Catalog, stmt: TableStmt, plan: Node) -> Node:
 
 def _state_ttl(catalog: Catalog, stmt: TableStmt, plan: Node) -> Node:
     """``plan`` with its GROUP BY forgetting a group's state ``state_ttl`` after the
-    group's last change (by the watermark); an error at the option when it cannot."""
+    group's last change, and its inner joins a row that long after the batch that stored
+    it (by the watermark); an error at the option when it cannot."""
     at = stmt.location("state_ttl")
     what = f"streaming table {stmt.name!r}: state_ttl"
     ttl = parse_span(stmt.options["state_ttl"])
@@ -161,24 +163,29 @@ def _state_ttl(catalog: Catalog, stmt: TableStmt, plan: Node) -> Node:
     agg = plan
     while isinstance(agg, (Filter, Project)):
         agg = agg.input
-    below = agg.input if isinstance(agg, Aggregate) else agg
+    below = agg.input if isinstance(agg, Aggregate) else plan
 
-    def stateless(n: Node) -> bool:
-        return isinstance(n, Scan) or (isinstance(n, (Filter, Project)) or isinstance(
-            n, Window) and n.kind != "session") and all(stateless(c) for c in n.inputs)
+    def forgettable(n: Node) -> bool:  # stateless steps and inner joins, append-only
+        ok = isinstance(n, (Scan, Filter, Project)) or isinstance(n, Window) and \
+            n.kind != "session" or isinstance(n, Join) and n.kind == "inner"
+        return ok and n.mode == "append-only" and all(forgettable(c) for c in n.inputs)
 
-    if not isinstance(agg, Aggregate) or not agg.keys or not stateless(below) \
-            or below.mode != "append-only" or any(a.distinct for a in agg.aggs):
-        raise SqlError(f"{what} applies to a query that ends in a GROUP BY over append-only "
-                       "input, without COUNT(DISTINCT) and without joins or other GROUP BYs "
-                       "below it (the state it can forget safely in this version)", at)
+    joins = [n for n in _walk(below) if isinstance(n, Join)]
+    grouped = isinstance(agg, Aggregate) and bool(agg.keys)
+    if not forgettable(below) or not (grouped or joins) or isinstance(agg, Aggregate) and (
+            not grouped or any(a.distinct for a in agg.aggs)):
+        raise SqlError(f"{what} applies to the state of a GROUP BY (without COUNT(DISTINCT)) "
+                       "at the end of the query and of inner joins, over append-only input: "
+                       "no outer joins, SESSION windows, top-N or other GROUP BYs below (the "
+                       "state it can forget safely in this version)", at)
     scans = [n for n in _walk(below) if isinstance(n, Scan)]
     if not any((catalog.sources[s.name.lower()].watermark if s.kind == "source"
                 else catalog.table(s.name).event_time) is not None for s in scans):
         raise SqlError(f"{what} needs a watermark (WATERMARK FOR on a source it reads): the "
                        "state is forgotten when the watermark passes its last change plus "
                        "the TTL", at)
-    return transform(plan, lambda n: replace(n, ttl_us=ttl) if n is agg else n)
+    return transform(plan, lambda n: replace(n, ttl_us=ttl) if isinstance(n, (Aggregate, Join))
+                     else n)  # the checks above: the final GROUP BY and inner joins only
 
 
 def _walk(node: Node):

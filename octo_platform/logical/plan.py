@@ -202,6 +202,7 @@ class Join(Node):
     left_keys: tuple[str, ...] = ()
     right_keys: tuple[str, ...] = ()
     residual: str | None = None
+    ttl_us: int | None = None  # state_ttl: a side's row is forgotten this long after
 
     @property
     def inputs(self) -> tuple[Node, ...]:
@@ -215,7 +216,8 @@ class Join(Node):
         return " AND ".join(keys + ([f"({self.residual})"] if self.residual else []))
 
     def describe(self) -> str:
-        return f"Join {self.kind} on {self.condition()}"
+        ttl = f" state_ttl={span_text(self.ttl_us)}" if self.ttl_us else ""
+        return f"Join {self.kind} on {self.condition()}{ttl}"
 
 
 @dataclass(frozen=True)

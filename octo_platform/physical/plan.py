@@ -181,6 +181,7 @@ class PJoin(PNode):
     left_keys: tuple[str, ...] = ()
     right_keys: tuple[str, ...] = ()
     residual: str | None = None
+    ttl_us: int | None = None  # state_ttl: a side's row is forgotten this long after
 
     @property
     def inputs(self) -> tuple[PNode, ...]:
@@ -195,9 +196,12 @@ class PJoin(PNode):
     def describe(self) -> str:
         keys = ", ".join(f"{a} = {b}" for a, b in zip(self.left_keys, self.right_keys))
         residual = f" residual=({self.residual})" if self.residual else ""
+        ttl = "" if self.ttl_us is None else (
+            f" state_ttl={span_text(self.ttl_us)} (a row is forgotten once the watermark "
+            "passes the batch that stored it plus the TTL; later rows no longer match it)")
         return (f"{self.kind.capitalize()}Join strategy=delta-rule keys=[{keys}]{residual} "
                 f"inputs={self.left.mode}/{self.right.mode} "
-                f"state=[{', '.join(self.state_tables())}] as logs of weighted rows")
+                f"state=[{', '.join(self.state_tables())}] as logs of weighted rows{ttl}")
 
 
 @dataclass(frozen=True)
@@ -321,9 +325,15 @@ class PhysicalPlan:
 
     @property
     def state_ttl(self) -> int | None:
-        """The TTL of the plan's GROUP BY state (``state_ttl``), if any."""
+        """The TTL of the plan's GROUP BY and join state (``state_ttl``), if any."""
         return next((n.ttl_us for n in _walk(self.root)
-                     if isinstance(n, PAggregate) and n.ttl_us), None)
+                     if isinstance(n, (PAggregate, PJoin)) and n.ttl_us), None)
+
+    @property
+    def restarts_keys(self) -> bool:
+        """A GROUP BY forgets groups (``state_ttl``): a forgotten key's next row is an
+        insert the sink turns into an update of the row the table holds."""
+        return any(isinstance(n, PAggregate) and n.ttl_us for n in _walk(self.root))
 
     @property
     def closes_windows(self) -> bool:
@@ -395,7 +405,8 @@ def lower(table: str, root: lp.Node, pk: tuple[str, ...] | None) -> PhysicalPlan
             left, right = go(node.left), go(node.right)
             return PJoin(next_id("join"), node.columns, node.mode, left=left, right=right,
                          kind=node.kind, names=node.names, left_keys=node.left_keys,
-                         right_keys=node.right_keys, residual=node.residual)
+                         right_keys=node.right_keys, residual=node.residual,
+                         ttl_us=node.ttl_us)
         if isinstance(node, lp.Over):
             child = go(node.input)
             return POver(next_id("over"), node.columns, node.mode, input=child,

@@ -28,7 +28,7 @@ def encode(pipe: Pipeline, ctx: BatchContext, delta: DataFrame, ts_ms: int,
     current-state table (bucketed by primary key, or the whole row) as ``_cb``."""
     plan = pipe.table.physical
     columns = plan.root.columns
-    if plan.state_ttl:
+    if plan.restarts_keys:
         delta = restarted(pipe, delta, pinned)
     if plan.keyed_changes:
         events = pipe.env.encode_keyed(delta, columns, plan.pk, table=pipe.name,

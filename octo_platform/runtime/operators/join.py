@@ -13,7 +13,7 @@ from octo_platform.runtime.operators.context import (
     positional,
     side_schema,
 )
-from octo_platform.runtime.state_log import merge_weighted, read_log
+from octo_platform.runtime.state_log import BATCH, merge_weighted, read_log, with_batch
 from octo_platform.sqltext import quote, sql_expr
 
 if TYPE_CHECKING:
@@ -34,8 +34,12 @@ class Join:
     matches before and after the batch: a null-padded row is retracted when its first match
     arrives and comes back when the last one leaves (semi: a row is there while it has a
     match, anti: while it has none). Without a residual condition matches are counted per
-    key; with one, per row.
+    key; with one, per row. With ``state_ttl`` (inner joins over append-only input only) a
+    stored row is forgotten once its batch expires: later rows of the other side no longer
+    match it, and what it already matched stays in the result.
     """
+
+    SIDES = {"l": "left", "r": "right"}
 
     def __init__(self, node: PJoin, ctx: BatchContext) -> None:
         self.node = node
@@ -76,17 +80,7 @@ class Join:
         schemas = {s: frames[s].schema for s in "lr"}
         delta = {s: ctx.persist(self.with_keys(consolidate(
             frames[s], [quote(n) for n in self.names[s]], f"_{s}w"), s, types)) for s in "lr"}
-        old = {}
-        for s, side in (("l", "left"), ("r", "right")):
-            table = node.side_table(side)
-            names = self.names[s]
-            schema = side_schema(schemas[s], names)
-            stored = read_log(ctx.spark, ctx.state_log(table), schema)
-            old[s] = self.with_keys(stored.toDF(*names, f"_{s}w"), s, types)
-            store = [f"{quote(n)} AS {c}" for n, c in zip(names, positional(names))]
-            ctx.append_log(table, delta[s].selectExpr(*store, f"_{s}w AS {COUNT}"))
-            ctx.compact(table, lambda files, _full, schema=schema: merge_weighted(
-                ctx.spark, files, schema, COUNT))
+        old = {s: self.side_state(s, schemas[s], delta[s], types) for s in "lr"}
         parts = []
         if node.kind in ("inner", "left", "right", "full"):  # ΔL⋈R_old + L_new⋈ΔR
             new_l = old["l"].unionByName(delta["l"])
@@ -97,6 +91,32 @@ class Join:
             sides = {"left": "l", "semi": "l", "anti": "l", "right": "r"}.get(node.kind, "lr")
             parts += [self.unmatched(s, rows, counts, schemas) for s in sides]
         return reduce(lambda a, b: a.union(b), parts)
+
+    def side_state(self, s: str, schema: Any, delta: DataFrame, types: list[str]) -> DataFrame:
+        """Side ``s``'s rows as the batch began, with their keys; stages the batch's Δ for
+        the side's log (and its compaction). With ``state_ttl`` each stored row carries the
+        batch that wrote it, and rows of expired batches are neither read nor kept."""
+        ctx, names = self.ctx, self.names[s]
+        table = self.node.side_table(self.SIDES[s])
+        stored_schema = side_schema(schema, names)
+        store = [f"{quote(n)} AS {c}" for n, c in zip(names, positional(names))]
+        store.append(f"_{s}w AS {COUNT}")
+        cut = ctx.expired_through if self.node.ttl_us else None
+        if self.node.ttl_us:
+            stored_schema = with_batch(stored_schema)
+            store.append(f"CAST({ctx.batch} AS BIGINT) AS {BATCH}")
+        stored = read_log(ctx.spark, ctx.state_log(table), stored_schema)
+        if cut is not None:
+            stored = stored.filter(f"{BATCH} > {cut}")
+        ctx.append_log(table, delta.selectExpr(*store))
+
+        def merge(files: list, full: bool) -> DataFrame:
+            rows = merge_weighted(ctx.spark, files, stored_schema, COUNT)  # per batch
+            return rows.filter(f"{BATCH} > {cut}") if full and cut is not None else rows
+
+        ctx.compact(table, merge)
+        return self.with_keys(stored.selectExpr(*positional(names), COUNT)
+                              .toDF(*names, f"_{s}w"), s, types)
 
     def affected_rows(self, old: dict[str, DataFrame], delta: dict[str, DataFrame]
                       ) -> dict[str, DataFrame]:
