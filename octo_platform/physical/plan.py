@@ -205,15 +205,12 @@ class PJoin(PNode):
 
 
 @dataclass(frozen=True)
-class PSession(PNode):
-    """SESSION windows: rows by partition key with multiplicity; the partitions a batch
-    touches get their sessions again, and the rows whose session changed move (a
-    retraction from the old session, an insert into the new). Over append-only input the
-    rows of closed sessions leave the state."""
+class PPartitioned(PNode):
+    """An operator that recomputes the partitions a batch touches: its state is its
+    input's rows with multiplicity, bucketed by hash of the ``partition`` key
+    (``runtime/operators/context.PartitionRows``)."""
 
     input: PNode = field(default=None)  # type: ignore[assignment]
-    time: str = ""
-    gap_us: int = 0
     partition: tuple[str, ...] = ()
 
     @property
@@ -222,80 +219,65 @@ class PSession(PNode):
 
     @property
     def closes(self) -> bool:
+        """Append-only input: rows that no later row can reach leave the state."""
         return self.input.mode == "append-only"
 
     def state_tables(self) -> tuple[str, ...]:
         return (self.id,)
 
-    def describe(self) -> str:
-        part = ", ".join(quote(p) for p in self.partition) or "() global"
-        keep = "rows of open sessions" if self.closes else "all rows"
-        return (f"SessionWindow time={quote(self.time)} gap {span_text(self.gap_us)} "
-                f"partition=[{part}] state=[{self.id}: {keep} by hash(partition)]")
+    def partition_text(self) -> str:
+        return ", ".join(quote(p) for p in self.partition) or "() global"
+
+    def state_text(self, kept: str) -> str:
+        return f"state=[{self.id}: {kept if self.closes else 'all rows'} by hash(partition)]"
 
 
 @dataclass(frozen=True)
-class POver(PNode):
-    """Sliding-range aggregates: rows by partition key with multiplicity; for the
-    partitions a batch touches, the rows from the earliest changed time on get their
-    aggregates again, and those whose values changed are retracted and inserted. Over
-    append-only input, rows older than the watermark minus the range leave the state."""
+class PSession(PPartitioned):
+    """SESSION windows: the partitions a batch touches get their sessions again, and the
+    rows whose session changed move (a retraction from the old session, an insert into
+    the new). Over append-only input the rows of closed sessions leave the state."""
 
-    input: PNode = field(default=None)  # type: ignore[assignment]
-    partition: tuple[str, ...] = ()
+    time: str = ""
+    gap_us: int = 0
+
+    def describe(self) -> str:
+        return (f"SessionWindow time={quote(self.time)} gap {span_text(self.gap_us)} "
+                f"partition=[{self.partition_text()}] {self.state_text('rows of open sessions')}")
+
+
+@dataclass(frozen=True)
+class POver(PPartitioned):
+    """Sliding-range aggregates: for the partitions a batch touches, the rows from the
+    earliest changed time on get their aggregates again, and those whose values changed
+    are retracted and inserted. Over append-only input, rows older than the watermark
+    minus the range leave the state."""
+
     time: str = ""
     range_us: int = 0
     aggs: tuple[lp.AggCall, ...] = ()
 
-    @property
-    def inputs(self) -> tuple[PNode, ...]:
-        return (self.input,)
-
-    @property
-    def closes(self) -> bool:
-        return self.input.mode == "append-only"
-
-    def state_tables(self) -> tuple[str, ...]:
-        return (self.id,)
-
     def describe(self) -> str:
-        part = ", ".join(quote(p) for p in self.partition) or "() global"
         aggs = ", ".join(a.render() for a in self.aggs)
-        keep = "rows within the range of the watermark" if self.closes else "all rows"
-        return (f"OverRange [{aggs}] partition=[{part}] order={quote(self.time)} range "
-                f"{span_text(self.range_us)} state=[{self.id}: {keep} by hash(partition)]")
+        return (f"OverRange [{aggs}] partition=[{self.partition_text()}] order="
+                f"{quote(self.time)} range {span_text(self.range_us)} "
+                f"{self.state_text('rows within the range of the watermark')}")
 
 
 @dataclass(frozen=True)
-class PTopN(PNode):
-    """Top-N per partition: rows by partition key with multiplicity (only the current
-    top ``n`` per partition when the input is append-only); touched partitions re-ranked."""
+class PTopN(PPartitioned):
+    """Top-N per partition: touched partitions re-ranked. Over append-only input only the
+    current top ``n`` per partition stay in the state (the rest can never re-enter)."""
 
-    input: PNode = field(default=None)  # type: ignore[assignment]
-    partition: tuple[str, ...] = ()
     order: tuple[lp.SortKey, ...] = ()
     n: int = 1
     rank: str | None = None
 
-    @property
-    def inputs(self) -> tuple[PNode, ...]:
-        return (self.input,)
-
-    @property
-    def pruned(self) -> bool:
-        """Append-only input: rows below the top ``n`` can never re-enter, so drop them."""
-        return self.input.mode == "append-only"
-
-    def state_tables(self) -> tuple[str, ...]:
-        return (self.id,)
-
     def describe(self) -> str:
-        part = ", ".join(quote(p) for p in self.partition) or "() global"
         order = ", ".join(k.render() for k in self.order)
         rank = f" rank={quote(self.rank)}" if self.rank else ""
-        keep = "top-n rows" if self.pruned else "all rows"
-        return (f"TopN n={self.n} partition=[{part}] order=[{order}]{rank} "
-                f"state=[{self.id}: {keep} by hash(partition)]")
+        return (f"TopN n={self.n} partition=[{self.partition_text()}] order=[{order}]{rank} "
+                f"{self.state_text('top-n rows')}")
 
 
 @dataclass(frozen=True)

@@ -17,9 +17,8 @@ if TYPE_CHECKING:
     from pyspark.sql import DataFrame, SparkSession
     from pyspark.sql.types import StructType
 
-__all__ = ["StateReader", "StagedWrite", "BatchContext", "bucket_sql", "apply_steps",
-           "consolidate", "touched_buckets", "positional", "side_schema", "in_partitions",
-           "W"]
+__all__ = ["StateReader", "StagedWrite", "BatchContext", "PartitionRows", "bucket_sql",
+           "apply_steps", "consolidate", "touched_buckets", "positional", "side_schema", "W"]
 
 W = quote(WEIGHT)
 
@@ -124,16 +123,49 @@ def touched_buckets(ctx: BatchContext, df: DataFrame, keyed: bool) -> set[int]:
     return {r[0] for r in df.select(BUCKET).distinct().collect()}
 
 
-def in_partitions(frames: tuple[DataFrame, ...], of: DataFrame,
-                  partition: tuple[str, ...]) -> tuple[DataFrame, ...]:
-    """The rows of each of ``frames`` whose ``partition`` key occurs in ``of`` (all of
-    them for an empty key)."""
-    if not partition:
-        return frames
-    parts = of.select(*[quote(p) for p in partition]).distinct()
-    same = " AND ".join(f"a.{quote(p)} <=> k.{quote(p)}" for p in partition)
-    return tuple(f.alias("a").join(parts.alias("k"), sql_expr(same), "left_semi")
-                 for f in frames)
+class PartitionRows:
+    """The state of an operator that recomputes the partitions a batch touches (top-N,
+    SESSION, OVER): its input's rows with multiplicity, bucketed by hash of the partition
+    key. ``load`` reads the buckets the batch touches, ``store`` stages their new rows."""
+
+    def __init__(self, ctx: BatchContext, table: str, names: list[str],
+                 partition: tuple[str, ...]) -> None:
+        self.ctx, self.table, self.names, self.partition = ctx, table, names, partition
+        self.cols = [quote(c) for c in names]
+        self.bucket = bucket_sql(partition, ctx.buckets)
+        self.touched: set[int] = set()
+
+    def load(self, delta: DataFrame) -> tuple[DataFrame, DataFrame, DataFrame] | None:
+        """The batch's rows (consolidated), and the touched buckets' rows before and after
+        it (weighted, ``_w``); None when the batch touches nothing."""
+        ctx = self.ctx
+        d = ctx.persist(consolidate(delta, self.cols).selectExpr(
+            "*", f"{self.bucket} AS {BUCKET}"))
+        self.touched = touched_buckets(ctx, d, keyed=bool(self.partition))
+        if not self.touched:
+            return None
+        d = d.drop(BUCKET)
+        stored = ctx.read_state(self.table, side_schema(delta.schema, self.names), self.touched)
+        old = stored.toDF(*self.names, WEIGHT)
+        return d, old, ctx.persist(consolidate(old.unionByName(d), self.cols))
+
+    def store(self, keep: DataFrame) -> None:
+        """Stage ``keep`` (weighted rows of the touched buckets) as their new contents."""
+        self.ctx.writes.append(StagedWrite(self.table, keep.selectExpr(
+            *[f"{c} AS {p}" for c, p in zip(self.cols, positional(self.names))],
+            f"{W} AS {COUNT}", f"{self.bucket} AS {BUCKET}"), sorted(self.touched)))
+
+    def touched_partitions(self, delta: DataFrame, *frames: DataFrame
+                           ) -> tuple[DataFrame, ...]:
+        """The rows of each of ``frames`` whose partition key occurs in ``delta`` (all of
+        them for an empty key): only those partitions can change."""
+        if not self.partition:
+            return frames
+        keys = [quote(p) for p in self.partition]
+        parts = delta.select(*keys).distinct()
+        same = " AND ".join(f"a.{p} <=> k.{p}" for p in keys)
+        return tuple(f.alias("a").join(parts.alias("k"), sql_expr(same), "left_semi")
+                     for f in frames)
 
 
 def positional(names: list[str] | tuple[str, ...]) -> list[str]:

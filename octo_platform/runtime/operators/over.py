@@ -4,18 +4,12 @@ from __future__ import annotations
 from decimal import Decimal
 from typing import TYPE_CHECKING
 
-from octo_platform.columns import BUCKET, COUNT, WEIGHT
 from octo_platform.physical.plan import POver
 from octo_platform.runtime.operators.context import (
     BatchContext,
-    StagedWrite,
+    PartitionRows,
     W,
-    bucket_sql,
     consolidate,
-    in_partitions,
-    positional,
-    side_schema,
-    touched_buckets,
 )
 from octo_platform.sqltext import quote, sql_expr
 
@@ -58,24 +52,18 @@ class OverRange:
 
     def run(self, delta: DataFrame) -> DataFrame:
         node, ctx = self.node, self.ctx
-        bucket = bucket_sql(node.partition, ctx.buckets)
-        d = ctx.persist(consolidate(delta, self.cols).selectExpr("*", f"{bucket} AS {BUCKET}"))
-        touched = touched_buckets(ctx, d, keyed=bool(node.partition))
-        d = d.drop(BUCKET)
-        if not touched:
-            return self.compute(d.limit(0))
-        stored = ctx.read_state(node.id, side_schema(delta.schema, self.names), touched)
-        old = stored.toDF(*self.names, WEIGHT)
-        new = ctx.persist(consolidate(old.unionByName(d), self.cols))
+        state = PartitionRows(ctx, node.id, self.names, node.partition)
+        loaded = state.load(delta)
+        if loaded is None:
+            return self.compute(delta.limit(0))
+        d, old, new = loaded
         keep = new
         t = quote(node.time)
         if node.closes and ctx.watermark is not None:
             keep = new.filter(f"{t} IS NULL OR unix_micros({t}) >= "
                               f"{ctx.watermark - node.range_us}")
-        ctx.writes.append(StagedWrite(node.id, keep.selectExpr(
-            *[f"{c} AS {p}" for c, p in zip(self.cols, positional(self.names))],
-            f"{W} AS {COUNT}", f"{bucket} AS {BUCKET}"), sorted(touched)))
-        old, new = in_partitions((old, new), d, node.partition)
+        state.store(keep)
+        old, new = state.touched_partitions(d, old, new)
         before, after = self.compute(old), self.compute(new)
         # Rows before a partition's earliest changed time keep their values (and rows
         # older than the state keeps are not there to be recomputed).

@@ -3,19 +3,13 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
-from octo_platform.columns import BUCKET, COUNT, WEIGHT
 from octo_platform.logical.plan import WINDOW_COLUMNS
 from octo_platform.physical.plan import PSession
 from octo_platform.runtime.operators.context import (
     BatchContext,
-    StagedWrite,
+    PartitionRows,
     W,
-    bucket_sql,
     consolidate,
-    in_partitions,
-    positional,
-    side_schema,
-    touched_buckets,
 )
 from octo_platform.sqltext import quote
 
@@ -64,26 +58,19 @@ class Sessions:
 
     def run(self, delta: DataFrame) -> DataFrame:
         node, ctx = self.node, self.ctx
-        bucket = bucket_sql(node.partition, ctx.buckets)
-        d = ctx.persist(consolidate(delta.filter(f"{quote(node.time)} IS NOT NULL"),
-                                    self.cols).selectExpr("*", f"{bucket} AS {BUCKET}"))
-        touched = touched_buckets(ctx, d, keyed=bool(node.partition))
-        d = d.drop(BUCKET)
-        if not touched:
-            return self.assign(d.limit(0))
-        stored = ctx.read_state(node.id, side_schema(delta.schema, self.names), touched)
-        old = stored.toDF(*self.names, WEIGHT)
-        new = ctx.persist(consolidate(old.unionByName(d), self.cols))
+        state = PartitionRows(ctx, node.id, self.names, node.partition)
+        delta = delta.filter(f"{quote(node.time)} IS NOT NULL")
+        loaded = state.load(delta)
+        if loaded is None:
+            return self.assign(delta.limit(0))
+        d, old, new = loaded
         assigned = ctx.persist(self.assign(new))  # every row of the touched buckets
         keep = new
         if node.closes and ctx.watermark is not None:  # closed sessions are final
             end = quote(WINDOW_COLUMNS[1])
             keep = assigned.filter(f"unix_micros({end}) > {ctx.watermark}").selectExpr(
                 *self.cols, W)
-        ctx.writes.append(StagedWrite(node.id, keep.selectExpr(
-            *[f"{c} AS {p}" for c, p in zip(self.cols, positional(self.names))],
-            f"{W} AS {COUNT}", f"{bucket} AS {BUCKET}"), sorted(touched)))
-        # Only the partitions the batch touched can change.
-        before, after = in_partitions((self.assign(old), assigned), d, node.partition)
+        state.store(keep)
+        before, after = state.touched_partitions(d, self.assign(old), assigned)
         out = [*self.cols, *(quote(c) for c in WINDOW_COLUMNS)]
         return consolidate(after.unionByName(before.selectExpr(*out, f"-{W} AS {W}")), out)

@@ -3,18 +3,11 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
-from octo_platform.columns import BUCKET, COUNT, WEIGHT
 from octo_platform.physical.plan import PTopN
 from octo_platform.runtime.operators.context import (
     BatchContext,
-    StagedWrite,
+    PartitionRows,
     W,
-    bucket_sql,
-    consolidate,
-    in_partitions,
-    positional,
-    side_schema,
-    touched_buckets,
 )
 from octo_platform.sqltext import quote, sql_expr
 
@@ -51,23 +44,17 @@ class TopN:
             .filter(f"_rn <= {node.n}")
 
     def run(self, delta: DataFrame) -> DataFrame:
-        node, ctx = self.node, self.ctx
-        bucket = bucket_sql(node.partition, ctx.buckets)
-        d = ctx.persist(consolidate(delta, self.cols).selectExpr("*", f"{bucket} AS {BUCKET}"))
-        touched = touched_buckets(ctx, d, keyed=bool(node.partition))
-        d = d.drop(BUCKET)
-        if not touched:
-            return self.emit(self.rank(d.limit(0)), "")
-        stored = ctx.read_state(node.id, side_schema(delta.schema, self.names), touched)
-        old = stored.toDF(*self.names, WEIGHT)
-        new = ctx.persist(consolidate(old.unionByName(d), self.cols))
+        node = self.node
+        state = PartitionRows(self.ctx, node.id, self.names, node.partition)
+        loaded = state.load(delta)
+        if loaded is None:
+            return self.emit(self.rank(delta.limit(0)), "")
+        d, old, new = loaded
         keep = new
-        if node.pruned:
+        if node.closes:
             keep = self.rank(new).groupBy(*self.cols).agg(sql_expr(f"count(1) AS {W}"))
-        ctx.writes.append(StagedWrite(node.id, keep.selectExpr(
-            *[f"{c} AS {p}" for c, p in zip(self.cols, positional(self.names))],
-            f"{W} AS {COUNT}", f"{bucket} AS {BUCKET}"), sorted(touched)))
-        old, new = in_partitions((old, new), d, node.partition)
+        state.store(keep)
+        old, new = state.touched_partitions(d, old, new)
         return self.emit(self.rank(new), "").union(self.emit(self.rank(old), "-"))
 
     def emit(self, ranked: DataFrame, sign: str) -> DataFrame:
