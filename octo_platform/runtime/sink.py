@@ -20,6 +20,9 @@ if TYPE_CHECKING:
 __all__ = ["Events", "encode", "write_batch", "update_current", "write_dead_letters"]
 
 _CB = "_cb"  # an event's bucket in the current-state table (reported, not written)
+# An append-only table's batches append to its current state until it holds this many
+# files per bucket; the next batch then rewrites the buckets its rows fall in.
+APPENDS_PER_BUCKET = 8
 
 
 def encode(pipe: Pipeline, ctx: BatchContext, delta: DataFrame, ts_ms: int,
@@ -37,7 +40,10 @@ def encode(pipe: Pipeline, ctx: BatchContext, delta: DataFrame, ts_ms: int,
         events = pipe.env.encode_changelog(
             consolidate(delta, [quote(c) for c in columns]), columns, plan.pk,
             table=pipe.name, batch=ctx.batch, ts_ms=ts_ms)
-    return Events(events.selectExpr("*", f"{event_bucket(pipe)} AS {_CB}"))
+    events = events.selectExpr("*", f"{event_bucket(pipe)} AS {_CB}")
+    if plan.root.mode == "append-only":  # written twice: to the changelog and current state
+        events = ctx.persist(events)
+    return Events(events)
 
 
 def restarted(pipe: Pipeline, delta: DataFrame, pinned: dict[str, int | None]) -> DataFrame:
@@ -88,14 +94,29 @@ def write_batch(pipe: Pipeline, ctx: BatchContext, events: Events,
                for w in ctx.writes
                if w.buckets != [] or pinned.get(f"state/{w.table}") is None]
     outputs.append(Output("changelog", lay.changelog(pipe.name), events.rows, report=_CB))
+    if appends_current(pipe, pinned):
+        outputs.append(Output("current", lay.current(pipe.name), events.unobserved.selectExpr(
+            "after.*", f"{_CB} AS {BUCKET}"), bucketed=True))
     return write_outputs(outputs, batch=ctx.batch, store=pipe.env.store, resumed=resumed)
+
+
+def appends_current(pipe: Pipeline, pinned: dict[str, int | None]) -> bool:
+    """An append-only table's current state is every row it inserted: the write job
+    appends the batch's rows to it, no rewrite, until it holds ``APPENDS_PER_BUCKET``
+    files per bucket (then ``update_current`` rewrites the buckets the batch touches)."""
+    if pipe.table.physical.root.mode != "append-only":
+        return False
+    files = pipe.env.store.files(pipe.layout.current(pipe.name), pinned.get("current"))
+    return len(files) < APPENDS_PER_BUCKET * pipe.buckets
 
 
 def update_current(pipe: Pipeline, batch: int, events: Events, written: Written,
                    pinned: dict[str, int | None], *, resumed: bool) -> int | None:
     """Rewrite the current-state buckets this batch's events fall in: their old rows
     plus the events (read back from the changelog files the batch added). The new
-    version of the current-state table."""
+    version of the current-state table (unless the write job appended to it)."""
+    if "current" in written.versions:
+        return written.versions["current"]
     store, path = pipe.env.store, pipe.layout.current(pipe.name)
     changelog = pipe.layout.changelog(pipe.name)
     files = store.added_files(changelog, pinned.get("changelog"),

@@ -66,7 +66,8 @@ class BatchContext:
         return df
 
     def release(self) -> None:
-        for df in self.persisted:
+        # Newest first: Spark re-plans the cached frames built on one it uncaches.
+        for df in reversed(self.persisted):
             df.unpersist()
         self.persisted.clear()
 
