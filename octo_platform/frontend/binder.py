@@ -170,10 +170,11 @@ def _state_ttl(catalog: Catalog, stmt: TableStmt, plan: Node) -> Node:
             n.kind != "session" or isinstance(n, Join) and n.kind == "inner"
         return ok and n.mode == "append-only" and all(forgettable(c) for c in n.inputs)
 
-    joins = [n for n in _walk(below) if isinstance(n, Join)]
-    grouped = isinstance(agg, Aggregate) and bool(agg.keys)
-    if not forgettable(below) or not (grouped or joins) or isinstance(agg, Aggregate) and (
-            not grouped or any(a.distinct for a in agg.aggs)):
+    final = agg if isinstance(agg, Aggregate) else None
+    has_join = any(isinstance(n, Join) for n in _walk(below))
+    usable = forgettable(below) and (final is not None or has_join) and (
+        final is None or bool(final.keys) and not any(a.distinct for a in final.aggs))
+    if not usable:
         raise SqlError(f"{what} applies to the state of a GROUP BY (without COUNT(DISTINCT)) "
                        "at the end of the query and of inner joins, over append-only input: "
                        "no outer joins, SESSION windows, top-N or other GROUP BYs below (the "
