@@ -284,6 +284,19 @@ def print_targets(rows: list[Target], title: str = "issue 9 targets") -> None:
     sys.stdout.flush()
 
 
+def finish(out: Path, res: dict[str, Any], env: dict[str, Any], rows: list[Target],
+           title: str, **extra: Any) -> int:
+    """Write ``out``/results.json (``extra``, the results, ``env`` with the load average at
+    the end, the targets), print the targets and where the file is. The exit status: 0 when
+    every target is met."""
+    env["loadavg_end"] = os.getloadavg()
+    write_json(out / "results.json", {**extra, **res, "env": env,
+                                      "targets": [t.to_json() for t in rows]})
+    print_targets(rows, title)
+    print(f"\nresults: {out / 'results.json'}")
+    return 0 if all(t.status == "ok" for t in rows) else 1
+
+
 def guarded(key: str, name: str, kind: str, goal: float | None,
             fn: Callable[[], list[Target]]) -> list[Target]:
     """``fn()``, or one row saying it failed (the runtime is being rewritten: one broken

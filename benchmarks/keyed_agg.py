@@ -19,7 +19,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import shutil
 import statistics
 import sys
@@ -38,12 +37,11 @@ from common import (
     batch_seconds,
     count_jobs,
     env_info,
+    finish,
     human,
     log,
-    print_targets,
     run_octo,
     session,
-    write_json,
 )
 
 SCHEMA_DDL = "auction BIGINT, bidder BIGINT, price BIGINT, channel STRING, date_time TIMESTAMP"
@@ -323,17 +321,11 @@ def main(argv: list[str] | None = None) -> int:
                       state_keys=tuple(int(k) for k in args.state_keys.split(",")))
     finally:
         spark.stop()
-    rows = targets(res)
-    env["loadavg_end"] = os.getloadavg()
-    write_json(args.out / "results.json", {**res, "env": env,
-                                           "targets": [t.to_json() for t in rows]})
     print(f"\nkeyed_agg: {args.bids} bids, {args.auctions} auctions, {args.files} files "
           f"(spark {env['spark']}, local[2])\n")
     print(_markdown(res["results"]))
     print("\nbatch_vs_state:", json.dumps(res["batch_vs_state"]))
-    print_targets(rows, "issue 9 targets (keyed aggregation)")
-    print(f"\nresults: {args.out / 'results.json'}")
-    return 0 if all(t.status == "ok" for t in rows) else 1
+    return finish(args.out, res, env, targets(res), "issue 9 targets (keyed aggregation)")
 
 
 if __name__ == "__main__":

@@ -19,7 +19,6 @@ the query run as a Spark batch job.
 from __future__ import annotations
 
 import argparse
-import os
 import shutil
 import statistics
 import sys
@@ -37,13 +36,12 @@ from common import (
     batch_seconds,
     count_jobs,
     env_info,
+    finish,
     jsonable,
     log,
-    print_targets,
     run_octo,
     session,
     stats,
-    write_json,
 )
 from nexmark_joins import Q4, baseline_result, octo_result, same_multiset, write_project
 
@@ -138,13 +136,8 @@ def main(argv: list[str] | None = None) -> int:
                       rows=args.rows, seed=args.seed)
     finally:
         spark.stop()
-    env["loadavg_end"] = os.getloadavg()
-    rows = targets(res)
-    write_json(args.out / "results.json", {"params": jsonable(vars(args)), "env": env, **res,
-                                           "targets": [t.to_json() for t in rows]})
-    print_targets(rows, "issue 9 target (one-row batch)")
-    print(f"\nresults: {args.out / 'results.json'}")
-    return 0 if all(t.status == "ok" for t in rows) else 1
+    return finish(args.out, res, env, targets(res), "issue 9 target (one-row batch)",
+                  params=jsonable(vars(args)))
 
 
 if __name__ == "__main__":

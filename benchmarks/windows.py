@@ -23,7 +23,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import shutil
 import sys
 import time
@@ -34,7 +33,7 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from common import Target, batch_seconds, env_info, log, print_targets, run_octo, session, write_json
+from common import Target, batch_seconds, env_info, finish, log, run_octo, session
 
 OCTOSQL_S = 14.0  # the thesis' best time for the simple query, as read from its plot
 DELAY_S = 5
@@ -175,14 +174,8 @@ def main(argv: list[str] | None = None) -> int:
                       minutes=args.minutes)
     finally:
         spark.stop()
-    rows = targets(res)
-    env["loadavg_end"] = os.getloadavg()
-    write_json(args.out / "results.json", {**res, "env": env,
-                                           "targets": [t.to_json() for t in rows]})
     print(json.dumps(res["results"], indent=1))
-    print_targets(rows, "issue 10 targets (tumbling windows)")
-    print(f"\nresults: {args.out / 'results.json'}")
-    return 0 if all(t.status == "ok" for t in rows) else 1
+    return finish(args.out, res, env, targets(res), "issue 10 targets (tumbling windows)")
 
 
 if __name__ == "__main__":

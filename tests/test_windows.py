@@ -100,12 +100,23 @@ CLOSING = {
 }
 
 
+def assert_closed_windows(spark, tmp_path, project, sql, src, name, round_no) -> dict:
+    """An EMIT ON WINDOW CLOSE table's replay is exactly the batch result of the windows
+    the watermark has closed, from ``c`` events only; returns that result."""
+    from tests.oracle import batch_result, changelog_events, replay
+
+    end = project.table(name).definition.columns.index("window_end")
+    closed = {row: n for row, n in batch_result(
+        spark, sql, {"clicks": src.relation()}, name).items() if row[end] <= src.watermark}
+    assert replay(tmp_path / "warehouse", name) == closed, (round_no, name)
+    assert {e["op"] for e in changelog_events(tmp_path / "warehouse", name)} <= {"c"}
+    return closed
+
+
 def test_emit_on_window_close(spark, tmp_path):
     """After every run, each table holds exactly the batch result of the windows the
     watermark has closed, written once each as inserts (closed in the batch that moved
     the watermark past their end)."""
-    from tests.oracle import batch_result, changelog_events, replay
-
     seed = 20261127
     rng = random.Random(seed)
     max_files = rng.randint(1, 2)
@@ -121,12 +132,7 @@ def test_emit_on_window_close(spark, tmp_path):
         run_tables(spark, tmp_path, options=default_options(buckets=4, progress=None),
                    until_idle=True)
         for name in CLOSING:
-            end = project.table(name).definition.columns.index("window_end")
-            closed = {row: n for row, n in batch_result(
-                spark, sql, {"clicks": src.relation()}, name).items()
-                if row[end] <= src.watermark}
-            assert replay(tmp_path / "warehouse", name) == closed, (round_no, name)
-            assert {e["op"] for e in changelog_events(tmp_path / "warehouse", name)} <= {"c"}
+            closed = assert_closed_windows(spark, tmp_path, project, sql, src, name, round_no)
     assert closed, "windows closed"
 
 
@@ -239,8 +245,6 @@ CHAINED = {
 def test_a_table_over_a_windowed_table_inherits_its_watermark(spark, tmp_path):
     """per_min (updating) passes its watermark on through window_end: tables over it close
     their windows by it, and hold exactly the batch result of the windows it closed."""
-    from tests.oracle import batch_result, changelog_events, replay
-
     seed = 20261130
     rng = random.Random(seed)
     tables = [f"CREATE STREAMING TABLE {n} AS {q};" for n, q in CHAINED.items()]
@@ -258,10 +262,5 @@ def test_a_table_over_a_windowed_table_inherits_its_watermark(spark, tmp_path):
         marks = {b.table: b.watermark for b in run.batches}
         assert marks["per_5min"] == marks["busiest"] == marks["per_min"]
         for name in ("per_5min", "busiest"):
-            end = project.table(name).definition.columns.index("window_end")
-            closed = {row: n for row, n in batch_result(
-                spark, sql, {"clicks": src.relation()}, name).items()
-                if row[end] <= src.watermark}
-            assert replay(tmp_path / "warehouse", name) == closed, (round_no, name)
-            assert {e["op"] for e in changelog_events(tmp_path / "warehouse", name)} <= {"c"}
+            closed = assert_closed_windows(spark, tmp_path, project, sql, src, name, round_no)
     assert closed

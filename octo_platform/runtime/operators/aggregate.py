@@ -219,9 +219,13 @@ class Aggregate:
                 out.append(f"{side}m{i}")
         return out
 
-    def output(self, table: DataFrame, shape: _AggShape) -> DataFrame:
+    def casted(self, shape: _AggShape, side: str) -> list[str]:
+        """The output columns, typed, from the ``side`` (``o``/``n``) accumulators."""
         names = [quote(c) for c in self.node.columns]
         types = [f.dataType.simpleString() for f in shape.out_schema.fields]
+        return [f"CAST({v} AS {t}) AS {n}" for v, t, n in zip(self.values(side), types, names)]
+
+    def output(self, table: DataFrame, shape: _AggShape) -> DataFrame:
         old_v, new_v = self.values("o"), self.values("n")
         if self.keys:
             old_exists, new_exists = f"coalesce(o{COUNT} > 0, false)", f"n{COUNT} > 0"
@@ -230,22 +234,15 @@ class Aggregate:
         same = " AND ".join(f"({a}) <=> ({b})" for a, b in zip(old_v, new_v)) or "true"
         changed = f"_touched AND NOT ({old_exists} AND {new_exists} AND {same})"
 
-        def side(values: list[str], exists: str, weight: int) -> list[str]:
-            cols = [f"CAST({v} AS {t}) AS {n}" for v, t, n in zip(values, types, names)]
-            return [f"CASE WHEN {exists} THEN struct({', '.join(cols)}, "
-                    f"CAST({weight} AS BIGINT) AS {W}) END"]
+        def side(name: str, exists: str, weight: int) -> str:
+            return (f"CASE WHEN {exists} THEN struct({', '.join(self.casted(shape, name))}, "
+                    f"CAST({weight} AS BIGINT) AS {W}) END")
 
         rows = table.filter(changed).selectExpr(
-            f"explode(filter(array({side(old_v, old_exists, -1)[0]}, "
-            f"{side(new_v, new_exists, 1)[0]}), x -> x IS NOT NULL)) AS r")
+            f"explode(filter(array({side('o', old_exists, -1)}, "
+            f"{side('n', new_exists, 1)}), x -> x IS NOT NULL)) AS r")
         return rows.selectExpr("r.*")
 
     def rows(self, accs: DataFrame, shape: _AggShape, side: str) -> DataFrame:
         """Output rows (weight 1) of the ``side`` accumulators of ``accs``' groups."""
-        names = [quote(c) for c in self.node.columns]
-        types = [f.dataType.simpleString() for f in shape.out_schema.fields]
-        return accs.selectExpr(*[f"CAST({v} AS {t}) AS {n}" for v, t, n in
-                                 zip(self.values(side), types, names)],
-                               f"CAST(1 AS BIGINT) AS {W}")
-
-
+        return accs.selectExpr(*self.casted(shape, side), f"CAST(1 AS BIGINT) AS {W}")
