@@ -117,23 +117,16 @@ def test_emit_on_window_close(spark, tmp_path):
     """After every run, each table holds exactly the batch result of the windows the
     watermark has closed, written once each as inserts (closed in the batch that moved
     the watermark past their end)."""
-    seed = 20261127
-    rng = random.Random(seed)
-    max_files = rng.randint(1, 2)
-    sql = "\n".join([source_sql(False, max_files),
-                     *(f"CREATE STREAMING TABLE {n} AS {q};" for n, q in CLOSING.items())])
-    (tmp_path / "sql").mkdir()
-    (tmp_path / "sql" / "closing.sql").write_text(sql)
-    project = load_project(tmp_path)
-    assert all(project.table(n).definition.plan.mode == "append-only" for n in CLOSING)
-    src = TimedSource(seed, False)
-    for round_no in range(3):
-        write_round(src, rng, tmp_path / "data" / "clicks", round_no, max_files)
-        run_tables(spark, tmp_path, options=default_options(buckets=4, progress=None),
-                   until_idle=True)
+    closed: dict[str, dict] = {}
+
+    def windows_closed(src, sql, project, round_no) -> None:
+        assert all(project.table(n).definition.plan.mode == "append-only" for n in CLOSING)
         for name in CLOSING:
-            closed = assert_closed_windows(spark, tmp_path, project, sql, src, name, round_no)
-    assert closed, "windows closed"
+            closed[name] = assert_closed_windows(spark, tmp_path, project, sql, src, name,
+                                                 round_no)
+
+    timed_oracle(spark, tmp_path, CLOSING, 20261127, False, check=windows_closed)
+    assert closed[list(CLOSING)[-1]], "windows closed"
 
 
 def test_closed_windows_leave_the_state(spark, tmp_path):

@@ -175,12 +175,12 @@ def write_round(source: TimedSource, rng: random.Random, directory: Path, round_
 
 
 def timed_oracle(spark, root: Path, tables: dict[str, str], seed: int, debezium: bool, *,
-                 rounds: int = 3, each_round=None) -> TimedSource:
+                 rounds: int = 3, each_round=None, check=None) -> TimedSource:
     """The timed ``clicks`` source and ``tables`` (name -> SELECT) in a project under
     ``root``; ``rounds`` rounds of input, each a separate run, after each of which every
     table's replayed changelog equals its SELECT as a batch query over the records that
-    were not late. ``each_round(source, round_no, report, records_without_time)`` checks
-    more."""
+    were not late (or, given ``check(source, sql, project, round_no)``, what that checks).
+    ``each_round(source, round_no, report, records_without_time)`` checks more."""
     from octo_platform.project import load_project
     from octo_platform.runtime.runner import run_tables
     from octo_platform.wiring import default_options
@@ -199,8 +199,11 @@ def timed_oracle(spark, root: Path, tables: dict[str, str], seed: int, debezium:
         no_time = write_round(src, rng, root / "data" / "clicks", round_no, max_files)
         report = run_tables(spark, root, options=default_options(buckets=4, progress=None),
                             until_idle=True)
-        check_tables(spark, root / "warehouse", sql, {"clicks": src.relation()}, keyed,
-                     round_no)
+        if check is None:
+            check_tables(spark, root / "warehouse", sql, {"clicks": src.relation()}, keyed,
+                         round_no)
+        else:
+            check(src, sql, project, round_no)
         if each_round is not None:
             each_round(src, round_no, report, no_time)
     return src

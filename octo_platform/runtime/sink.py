@@ -41,9 +41,10 @@ def encode(pipe: Pipeline, ctx: BatchContext, delta: DataFrame, ts_ms: int,
             consolidate(delta, [quote(c) for c in columns]), columns, plan.pk,
             table=pipe.name, batch=ctx.batch, ts_ms=ts_ms)
     events = events.selectExpr("*", f"{event_bucket(pipe)} AS {_CB}")
-    if plan.root.mode == "append-only":  # written twice: to the changelog and current state
+    appended = appends_current(pipe, pinned)
+    if appended:  # written twice: to the changelog and to the current state
         events = ctx.persist(events)
-    return Events(events)
+    return Events(events, appended)
 
 
 def restarted(pipe: Pipeline, delta: DataFrame, pinned: dict[str, int | None]) -> DataFrame:
@@ -94,7 +95,7 @@ def write_batch(pipe: Pipeline, ctx: BatchContext, events: Events,
                for w in ctx.writes
                if w.buckets != [] or pinned.get(f"state/{w.table}") is None]
     outputs.append(Output("changelog", lay.changelog(pipe.name), events.rows, report=_CB))
-    if appends_current(pipe, pinned):
+    if events.appended:
         outputs.append(Output("current", lay.current(pipe.name), events.unobserved.selectExpr(
             "after.*", f"{_CB} AS {BUCKET}"), bucketed=True))
     return write_outputs(outputs, batch=ctx.batch, store=pipe.env.store, resumed=resumed)
@@ -178,8 +179,9 @@ class Events:
 
     EXPRS = tuple(f"count_if(op = '{op}') AS {op}" for op in ("c", "u", "d"))
 
-    def __init__(self, events: DataFrame) -> None:
+    def __init__(self, events: DataFrame, appended: bool = False) -> None:
         self.unobserved = events
+        self.appended = appended  # the write job appends them to the current state too
         self.rows, self.observation = observe(events, *self.EXPRS)
 
     def counts(self) -> dict[str, int]:
