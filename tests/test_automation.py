@@ -156,18 +156,29 @@ def test_continuous_run_stops_cleanly_at_its_deadline(spark, project: Path):
     job = defs.get_job_def("continuous_stats")
     data = RandomInput(seed=5, debezium=False)
     write_lines(project / "data" / "events", "f1.json", data.lines(20))
-    # more input arrives while the run is going: it is picked up by the running queries
-    late = threading.Timer(3.0, lambda: write_lines(project / "data" / "events", "f2.json",
-                                                    data.lines(15, bad=1)))
+    prj = load_project(project)
+    wh = project / "wh"
+
+    def more_input() -> None:
+        """More input while the run is going (once its first batch is in: setting a
+        streaming query up takes seconds on a busy machine), for the running queries."""
+        options = default_options(warehouse=str(wh))
+        until = time.monotonic() + 25
+        while time.monotonic() < until and table_status(prj, "per_key",
+                                                        options=options).last_batch < 0:
+            time.sleep(0.5)
+        write_lines(project / "data" / "events", "f2.json", data.lines(15, bad=1))
+
+    late = threading.Thread(target=more_input)
     late.start()
     instance = dg.DagsterInstance.ephemeral()
     started = time.monotonic()
     result = job.execute_in_process(
-        run_config={"ops": {"run_continuously_stats": {"config": {"minutes": 0.2}}}},
+        run_config={"ops": {"run_continuously_stats": {"config": {"minutes": 0.5}}}},
         resources=res, instance=instance)
     late.join()
     assert result.success
-    assert 11 <= time.monotonic() - started < 90
+    assert 29 <= time.monotonic() - started < 120
     logs = [e.user_message for e in instance.all_logs(result.run_id)]
     assert any(line.startswith("[per_key] batch 0: 20 rows in") for line in logs)
     assert any("deadline reached" in line for line in logs)
@@ -179,8 +190,6 @@ def test_continuous_run_stops_cleanly_at_its_deadline(spark, project: Path):
     summary = result.output_for_node("run_continuously_stats")
     assert summary is None
 
-    prj = load_project(project)
-    wh = project / "wh"
     for table in TABLES:  # stopped between batches: nothing half-done
         assert table_status(prj, table,
                             options=default_options(warehouse=str(wh))).pending_batch is None
