@@ -26,6 +26,8 @@ def _conf_pair(text: str) -> tuple[str, str]:
 
 
 def _parser() -> argparse.ArgumentParser:
+    from octo_platform.runtime.driver import DEFAULT_DRIVER_ROWS
+
     p = argparse.ArgumentParser(prog="octo", description="Streaming SQL on Spark and Delta Lake")
     sub = p.add_subparsers(dest="command", required=True)
 
@@ -51,6 +53,9 @@ def _parser() -> argparse.ArgumentParser:
     run.add_argument("--buckets", type=int, default=8,
                      help="buckets of the current-state table and top-N state (fixed once a "
                      "table has state)")
+    run.add_argument("--driver-rows", type=int, default=DEFAULT_DRIVER_ROWS, metavar="N",
+                     help="batches of at most N input rows run in the driver, with no Spark "
+                     f"job but reading the input (default: {DEFAULT_DRIVER_ROWS}; 0: never)")
     run.add_argument("--interval", default="1 second",
                      help="trigger interval of a continuous run (default: 1 second)")
     run.add_argument("--parallel", type=int, default=3,
@@ -153,7 +158,8 @@ def _run(args: argparse.Namespace) -> int:
 
     spark = _session(args)
     report = run_tables(spark, project,
-                        options=default_options(warehouse=args.warehouse, buckets=args.buckets),
+                        options=default_options(warehouse=args.warehouse, buckets=args.buckets,
+                                                driver_rows=args.driver_rows),
                         names=None if args.all else names,
                         until_idle=args.until_idle, interval=args.interval,
                         parallel=args.parallel)

@@ -23,7 +23,18 @@ from sqlglot import exp
 from octo_platform.frontend.parser import SourceStmt, TableStmt, ViewStmt, parse_sql
 
 __all__ = ["norm", "replay", "batch_result", "check_changelog", "check_tables", "check_sink",
-           "RandomInput", "write_lines"]
+           "RandomInput", "write_lines", "PATHS", "driver_rows"]
+
+# Where batches run (``runtime/driver.py``): every batch as Spark jobs, every batch the
+# driver path covers in the driver, or the two taking turns run by run (state written by
+# one path read by the other).
+PATHS = ("spark", "driver", "mixed")
+
+
+def driver_rows(path: str, run: int) -> int:
+    """The ``driver_rows`` option of a test's ``run``-th run on ``path``."""
+    driver = path == "driver" or (path == "mixed" and run % 2 == 0)
+    return 10**9 if driver else 0
 
 
 def norm(value: Any) -> Any:

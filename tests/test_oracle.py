@@ -16,7 +16,7 @@ from octo_platform.project import load_project
 from octo_platform.runtime import inputs, pipeline
 from octo_platform.runtime.runner import run_tables
 from octo_platform.wiring import default_options
-from tests.oracle import RandomInput, check_tables, write_lines
+from tests.oracle import PATHS, RandomInput, check_tables, driver_rows, write_lines
 
 TABLES = {
     # stateless: filter + projection with scalar expressions
@@ -57,8 +57,9 @@ def project_sql(debezium: bool, max_files: int) -> str:
     return "\n".join(parts)
 
 
+@pytest.mark.parametrize("path", PATHS)
 @pytest.mark.parametrize("debezium", [False, True], ids=["append-only", "debezium"])
-def test_every_operator_matches_batch_sql(spark, tmp_path, monkeypatch, debezium):
+def test_every_operator_matches_batch_sql(spark, tmp_path, monkeypatch, debezium, path):
     if debezium:  # also cover the large-batch path: every bucket read and rewritten
         monkeypatch.setattr(inputs, "ALL_BUCKETS_BYTES", 0)
     else:  # and vacuuming state / compacting the batch log between batches
@@ -80,8 +81,8 @@ def test_every_operator_matches_batch_sql(spark, tmp_path, monkeypatch, debezium
             write_lines(tmp_path / "data" / "src", f"r{round_no}-{f}.json",
                         src.lines(rng.randint(5, 25), bad=bad))
         write_lines(tmp_path / "data" / "src2", f"r{round_no}.json", src2.lines(rng.randint(0, 5)))
-        report = run_tables(spark, tmp_path, options=default_options(buckets=4, progress=None),
-                            until_idle=True)
+        report = run_tables(spark, tmp_path, options=default_options(
+            buckets=4, progress=None, driver_rows=driver_rows(path, round_no)), until_idle=True)
         assert report.batches, "every round has new input"
         relations = {"src": src.relation(), "src2": src2.relation()}
         check_tables(spark, tmp_path / "warehouse", sql, relations, keyed, round_no)

@@ -10,10 +10,12 @@ from __future__ import annotations
 
 import random
 
+import pytest
+
 from octo_platform.project import load_project
 from octo_platform.runtime.runner import run_tables
 from octo_platform.wiring import default_options
-from tests.oracle import RandomInput, check_tables, write_lines
+from tests.oracle import PATHS, RandomInput, check_tables, driver_rows, write_lines
 
 A = "a.id AS aid, b.id AS bid"
 TABLES = {
@@ -68,7 +70,8 @@ def project_sql(rng: random.Random) -> str:
     return "\n".join(parts)
 
 
-def test_joins_and_top_n_match_batch_sql(spark, tmp_path):
+@pytest.mark.parametrize("path", PATHS)
+def test_joins_and_top_n_match_batch_sql(spark, tmp_path, path):
     seed = 20261123
     rng = random.Random(seed)
     sql = project_sql(rng)
@@ -83,8 +86,8 @@ def test_joins_and_top_n_match_batch_sql(spark, tmp_path):
             for f in range(rng.randint(1, 2)):
                 write_lines(tmp_path / "data" / name, f"r{round_no}-{f}.json",
                             feed.lines(rng.randint(3, 12)))
-        report = run_tables(spark, tmp_path, options=default_options(buckets=4, progress=None),
-                            until_idle=True)
+        report = run_tables(spark, tmp_path, options=default_options(
+            buckets=4, progress=None, driver_rows=driver_rows(path, round_no)), until_idle=True)
         assert report.batches
         inputs = {name: feed.relation() for name, feed in feeds.items()}
         check_tables(spark, tmp_path / "warehouse", sql, inputs, keyed, round_no)

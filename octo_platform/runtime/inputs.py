@@ -124,7 +124,8 @@ def read_inputs(pipe: Pipeline, ctx: BatchContext, inputs: dict[str, Any],
                 latest = records.selectExpr(timed).collect()[0][0]
                 after[key] = advanced(watermarks.get(key), latest, sdef.watermark.delay_us)
         observed.append(_Observed.watch(src.name, records, *exprs, key=key,
-                                        watermark=sdef.watermark, before=watermarks.get(key)))
+                                        watermark=sdef.watermark, before=watermarks.get(key),
+                                        idle=not got))
         records = observed[-1].records
         ctx.inputs[src.name.lower()] = parsed.rows(records.filter("_reason IS NULL"))
     # Any superset of the touched buckets is correct; a large batch touches them all.
@@ -273,6 +274,7 @@ class _Observed:
     key: str = ""
     watermark: Watermark | None = None
     before: int | None = None  # the source's watermark as the batch began
+    idle: bool = False  # nothing to read in this batch: every count is 0
 
     @classmethod
     def watch(cls, source: str, records: DataFrame, *exprs: str, **how: Any) -> _Observed:
@@ -281,6 +283,9 @@ class _Observed:
 
     def counts(self) -> dict[str, int | None]:
         """Each observed aggregate (a count: 0 when no record was read)."""
+        if self.idle:
+            return {e.rsplit(" AS ", 1)[1]: None if e.endswith(" AS latest") else 0
+                    for e in self.exprs}
         got = metrics(self.observation)
         if got is None:  # no job read the records: count them with a job of our own
             got = self.records.selectExpr(*self.exprs).collect()[0].asDict()

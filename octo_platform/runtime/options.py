@@ -14,6 +14,7 @@ from typing import Callable
 from octo_platform.project import DEFAULT_WAREHOUSE
 from octo_platform.runtime.environment import Environment
 from octo_platform.runtime.layout import Layout
+from octo_platform.runtime.driver import DEFAULT_DRIVER_ROWS
 from octo_platform.runtime.pipeline import DEFAULT_BUCKETS
 
 __all__ = ["RunOptions", "resolve_warehouse"]
@@ -24,13 +25,16 @@ class RunOptions:
     """The environment and settings shared by the runtime's entry points.
 
     ``warehouse``: directory or URI (default ``<project>/warehouse``); ``buckets``: state
-    partitions of a new table; ``progress``: receives one line per batch (None: quiet).
+    partitions of a new table; ``progress``: receives one line per batch (None: quiet);
+    ``driver_rows``: batches of at most this many input rows run in the driver, with no
+    Spark job but reading the input (0: every batch runs as Spark jobs).
     """
 
     env: Environment
     warehouse: str | None = None
     buckets: int = DEFAULT_BUCKETS
     progress: Callable[[str], None] | None = print
+    driver_rows: int = DEFAULT_DRIVER_ROWS
 
     def layout(self, project_root: Path) -> Layout:
         """Where the tables of the project at ``project_root`` live."""

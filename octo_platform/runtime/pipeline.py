@@ -18,6 +18,13 @@ from typing import TYPE_CHECKING, Any, Callable
 
 from octo_platform.errors import RunError
 from octo_platform.project import CompiledTable, Project
+from octo_platform.runtime.driver import (
+    DEFAULT_DRIVER_ROWS,
+    Unsupported,
+    input_rows,
+    plan_runs_in_driver,
+    run_in_driver,
+)
 from octo_platform.runtime.environment import Environment
 from octo_platform.runtime.inputs import (
     commit_kafka_offsets,
@@ -62,6 +69,7 @@ class BatchStats:
     # by input key; durable in the batch's commit record.
     watermarks: dict[str, int] = field(default_factory=dict)
     watermarked: int = 0  # how many of the table's inputs have a watermark
+    path: str = "spark"  # where the batch ran: "driver" (small batches) or "spark"
 
     @property
     def watermark(self) -> int | None:
@@ -75,12 +83,12 @@ class BatchStats:
         wm = "" if self.watermark is None else f", watermark {iso_time(self.watermark)}"
         return (f"[{self.table}] batch {self.batch}: {self.rows_in} rows in, events {ops}, "
                 f"{self.dead_letters} dead letters{late}{wm}, {self.seconds:.2f}s, "
-                f"{self.spark_jobs} Spark jobs")
+                f"{self.spark_jobs} Spark jobs, {self.path} path")
 
     def to_json(self) -> dict[str, Any]:
         out = {"rows_in": self.rows_in, "events": self.events,
                "dead_letters": self.dead_letters, "seconds": round(self.seconds, 3),
-               "spark_jobs": self.spark_jobs}
+               "spark_jobs": self.spark_jobs, "path": self.path}
         if self.watermarked:
             out.update(late_rows=self.late_rows, watermark=None if self.watermark is None
                        else iso_time(self.watermark))
@@ -93,7 +101,7 @@ class Pipeline:
     def __init__(self, spark: SparkSession, project: Project, table: CompiledTable,
                  layout: Layout, env: Environment, *, buckets: int = DEFAULT_BUCKETS,
                  progress: Callable[[str], None] | None = print,
-                 check_plan: bool = True) -> None:
+                 check_plan: bool = True, driver_rows: int = DEFAULT_DRIVER_ROWS) -> None:
         self.spark = spark
         self.project = project
         self.table = table
@@ -103,7 +111,9 @@ class Pipeline:
         self.progress = progress
         self.name = table.name
         self.fingerprint = f"{table.physical.fingerprint}-b{buckets}"
-        self.memo: dict[str, Any] = {}
+        self.memo: dict[str, Any] = {}  # per run: shapes, and the driver path's state cache
+        # Batches of at most this many input rows run in the driver (``driver.py``).
+        self.driver_rows = driver_rows if plan_runs_in_driver(table.physical) else 0
         self.inputs = input_specs(project, table, layout)
         self.log = BatchLog(env.store, layout.log(self.name))
         self.delta_sources = {
@@ -179,13 +189,16 @@ class Pipeline:
         jobs = JobCounter(self.spark, f"octo {self.name} batch {batch}")
         try:
             observed = read_inputs(self, ctx, inputs, stats)
-            delta = evaluate(self.table.physical.root, ctx)
-            events = encode(self, ctx, delta, ts_ms, pinned)
-            written = write_batch(self, ctx, events, pinned, resumed=resumed)
-            versions = {**pinned, **written.versions}
-            versions["current"] = update_current(self, batch, events, written, pinned,
-                                                 resumed=resumed)
-            stats.events = events.counts()
+            versions = None
+            if not resumed and self.driver_rows > 0 and input_rows(
+                    self, inputs, self.driver_rows) is not None:
+                try:
+                    written, stats.events = run_in_driver(self, ctx, inputs, pinned, ts_ms)
+                    versions, stats.path = {**pinned, **written}, "driver"
+                except Unsupported:
+                    pass  # before anything was written: the Spark path runs the batch
+            if versions is None:
+                versions = self.spark_batch(ctx, pinned, ts_ms, stats, resumed=resumed)
             write_dead_letters(self, settle_inputs(observed, stats), batch, ts_ms,
                                resumed=resumed)
         finally:
@@ -204,6 +217,18 @@ class Pipeline:
             self.progress(stats.line())
         stats.sinks = self.publish()
         return stats
+
+    def spark_batch(self, ctx: BatchContext, pinned: dict[str, int | None], ts_ms: int,
+                    stats: BatchStats, *, resumed: bool) -> dict[str, int | None]:
+        """Run the batch's operators and writes as Spark jobs; the new table versions."""
+        delta = evaluate(self.table.physical.root, ctx)
+        events = encode(self, ctx, delta, ts_ms, pinned)
+        written = write_batch(self, ctx, events, pinned, resumed=resumed)
+        versions = {**pinned, **written.versions}
+        versions["current"] = update_current(self, ctx.batch, events, written, pinned,
+                                             resumed=resumed)
+        stats.events = events.counts()
+        return versions
 
     def expired_through(self, watermark: int | None, ttl: int) -> int | None:
         """``state_ttl``: the last batch whose changes the watermark has left ``ttl``

@@ -502,7 +502,7 @@ def _pipeline_factory(spark: SparkSession, proj: Project, table, layout: Layout,
                       options: RunOptions) -> Callable[[], Pipeline]:
     """Builds ``table``'s pipeline from what is on disk (its batch log, checked plan)."""
     return lambda: Pipeline(spark, proj, table, layout, options.env, buckets=options.buckets,
-                            progress=options.progress)
+                            progress=options.progress, driver_rows=options.driver_rows)
 
 
 def _catch_up(queries: list[_Query], parallel: int) -> None:

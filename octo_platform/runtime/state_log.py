@@ -51,11 +51,11 @@ def read_log(spark: SparkSession, files: list[StateFile], schema: StructType) ->
 
 def latest(spark: SparkSession, files: list[StateFile], schema: StructType, keys: list[str], *,
            wanted: DataFrame | None = None, alive: str | None = None,
-           newer_than: int | None = None) -> DataFrame:
-    """Each key's newest row (``schema``'s columns, without ``_batch``), only for the keys in
-    ``wanted`` (a frame of key columns; all keys when None) and, with ``alive``, only rows
-    that satisfy it (tombstones fail it); with ``newer_than``, only keys whose newest row
-    a later batch wrote (older ones are expired: ``state_ttl``)."""
+           newer_than: int | None = None, keep_batch: bool = False) -> DataFrame:
+    """Each key's newest row (``schema``'s columns, with ``_batch`` only if ``keep_batch``),
+    only for the keys in ``wanted`` (a frame of key columns; all keys when None) and, with
+    ``alive``, only rows that satisfy it (tombstones fail it); with ``newer_than``, only keys
+    whose newest row a later batch wrote (older ones are expired: ``state_ttl``)."""
     rows = read_log(spark, files, with_batch(schema))
     if wanted is not None:
         on = " AND ".join(f"s.{quote(c)} <=> w.{quote(c)}" for c in wanted.columns) or "true"
@@ -66,7 +66,7 @@ def latest(spark: SparkSession, files: list[StateFile], schema: StructType, keys
             .filter("_rk = 1")
     if newer_than is not None:
         rows = rows.filter(f"{BATCH} > {newer_than}")
-    rows = rows.selectExpr(*[quote(f.name) for f in schema.fields])
+    rows = rows.selectExpr(*[quote(f.name) for f in schema.fields], *[BATCH] * keep_batch)
     return rows.filter(alive) if alive else rows
 
 

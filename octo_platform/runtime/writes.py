@@ -1,7 +1,8 @@
 """The data path: executors write a batch's Parquet files, the driver commits them.
 
-All tables a batch changes (changelog, current state, operator state) are written by ONE
-Spark job: their rows are tagged with their output and unioned, and a ``mapInArrow`` task
+A small batch run in the driver (``runtime/driver.py``) writes its files there with Arrow
+(``write_local``) and commits them the same way. Otherwise all tables a batch changes
+(changelog, current state, operator state) are written by ONE Spark job: their rows are tagged with their output and unioned, and a ``mapInArrow`` task
 writes each output's rows (per ``_bucket``) into the output table's directory with Arrow.
 Only file names, sizes and row counts come back to the driver, which then makes one Delta
 commit per table carrying the app transaction ``(octo, N)``. Files of an attempt that dies
@@ -24,7 +25,7 @@ if TYPE_CHECKING:
     import pyarrow as pa
     from pyspark.sql import DataFrame
 
-__all__ = ["Output", "write_outputs", "file_batch"]
+__all__ = ["Output", "write_outputs", "file_batch", "LocalOutput", "write_local"]
 
 APP_ID = "octo"
 _FILE_BATCH = re.compile(r"-b(\d{8,})-")  # a written file's name: <prefix>-b<batch>-<ids>
@@ -183,3 +184,56 @@ def _writer(meta: list[tuple[str, bool, pa.Schema, str, str | None]],
             ("rows", pa.int64()), ("bucket", pa.int32()), ("tags", pa.list_(pa.int32()))]))
 
     return write
+
+
+@dataclass(frozen=True)
+class LocalOutput:
+    """Rows for one Delta table, built in the driver (a small batch: ``runtime/driver.py``);
+    as ``Output`` otherwise (``bucketed``: ``table`` has a ``_bucket`` column)."""
+
+    key: str
+    path: str
+    table: pa.Table
+    bucketed: bool = False
+    replace: set[int] | None = None
+    remove: tuple[str, ...] = ()
+    prefix: str = "part"
+
+
+def write_local(outputs: list[LocalOutput], *, batch: int, store: Store) -> dict[str, int | None]:
+    """Write ``outputs`` from the driver as batch ``batch`` and commit each table once, as
+    ``write_outputs`` does for a Spark job's files; each table's version afterwards."""
+    import pyarrow.compute as pc
+    import pyarrow.parquet as pq
+
+    open_output = store.opener()
+    versions: dict[str, int | None] = {}
+    for key in dict.fromkeys(o.key for o in outputs):
+        mine = [o for o in outputs if o.key == key]
+        added: list[dict[str, Any]] = []
+        for o in mine:
+            token = f"{o.prefix}-b{batch:08d}-{uuid.uuid4().hex[:8]}-d"
+            parts = [(None, o.table)]
+            if o.bucketed:
+                buckets = o.table.column(BUCKET)
+                data = o.table.drop_columns([BUCKET])
+                parts = [(b, data.filter(pc.equal(buckets, b)))
+                         for b in sorted(pc.unique(buckets).to_pylist())]
+            for bucket, rows in parts:
+                if not rows.num_rows:
+                    continue
+                rel = f"{token}.parquet" if bucket is None else f"{BUCKET}={bucket}/{token}.parquet"
+                stream = open_output(o.path, rel)
+                pq.write_table(rows, stream)
+                size = stream.tell()
+                stream.close()
+                added.append({"path": rel, "size": size, "rows": rows.num_rows,
+                              "partition": {BUCKET: bucket} if o.bucketed else {}})
+        first = mine[0]
+        replaced = set().union(*[o.replace for o in mine if o.replace is not None]) \
+            if any(o.replace is not None for o in mine) else None
+        versions[key] = store.commit(
+            first.path, added, schema=first.table.schema, app_id=APP_ID, batch=batch,
+            partition_by=[BUCKET] if first.bucketed else None, replace=replaced,
+            remove=tuple(p for o in mine for p in o.remove))
+    return versions

@@ -225,14 +225,20 @@ class Aggregate:
         types = [f.dataType.simpleString() for f in shape.out_schema.fields]
         return [f"CAST({v} AS {t}) AS {n}" for v, t, n in zip(self.values(side), types, names)]
 
-    def output(self, table: DataFrame, shape: _AggShape) -> DataFrame:
+    def change_flags(self) -> tuple[str, str, str]:
+        """SQL over the accumulators of ``merge_exprs``: the group had a result row before
+        the batch, has one after it, and the batch changed it."""
         old_v, new_v = self.values("o"), self.values("n")
         if self.keys:
             old_exists, new_exists = f"coalesce(o{COUNT} > 0, false)", f"n{COUNT} > 0"
         else:
             old_exists, new_exists = f"o{COUNT} IS NOT NULL", "true"
         same = " AND ".join(f"({a}) <=> ({b})" for a, b in zip(old_v, new_v)) or "true"
-        changed = f"_touched AND NOT ({old_exists} AND {new_exists} AND {same})"
+        return (old_exists, new_exists,
+                f"_touched AND NOT ({old_exists} AND {new_exists} AND {same})")
+
+    def output(self, table: DataFrame, shape: _AggShape) -> DataFrame:
+        old_exists, new_exists, changed = self.change_flags()
 
         def side(name: str, exists: str, weight: int) -> str:
             return (f"CASE WHEN {exists} THEN struct({', '.join(self.casted(shape, name))}, "

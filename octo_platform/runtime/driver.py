@@ -1,0 +1,258 @@
+"""The driver path: a small batch runs in the driver, its operators as Arrow kernels.
+
+A batch whose input holds at most ``driver_rows`` rows (a run option; counted from
+metadata before anything is read: Parquet footers, Kafka offsets, Delta file statistics,
+lines of small text files) and whose plan the kernels cover (filters, projections, unions,
+GROUP BY without windows closing or ``state_ttl``, inner joins) runs here instead of in a
+Spark job:
+
+1. each input's rows are read into Arrow (``toArrow``: the path's one Spark job per input
+   read; record counts and dead letters are observed by it as on the Spark path);
+2. stateless steps run as Spark SQL over local relations (no job, Spark's semantics) and
+   stateful operators as kernels over the run's state cache (``operators/kernels.py``);
+3. the change events, the operators' state changes and the current-state buckets the
+   events fall in are written with Arrow and committed with delta-rs, each table once
+   with the batch's app transaction, exactly as the Spark path commits them.
+
+Anything the kernels do not cover raises ``Unsupported`` before a file is written, and the
+batch runs on the Spark path; so does a batch that resumes a half-finished attempt.
+"""
+from __future__ import annotations
+
+import os
+from collections import Counter
+from typing import TYPE_CHECKING, Any
+
+import pyarrow as pa
+import pyarrow.compute as pc
+
+from octo_platform.columns import BUCKET, WEIGHT
+from octo_platform.physical.plan import PAggregate, PhysicalPlan, PJoin, PSource, PStateless, PUnion
+from octo_platform.runtime.operators import BatchContext, apply_steps
+from octo_platform.runtime.operators.arrow import arrow_schema, concat, key_join, primitive, \
+    safe_keys, spark_eval
+from octo_platform.runtime.operators.kernels import (
+    AggregateKernel,
+    JoinKernel,
+    LocalContext,
+    Unsupported,
+    kernel_supports,
+)
+from octo_platform.runtime.sink import appends_current, current_key, event_bucket
+from octo_platform.runtime.writes import LocalOutput, write_local
+from octo_platform.sqltext import quote
+
+if TYPE_CHECKING:
+    from octo_platform.runtime.pipeline import Pipeline
+
+__all__ = ["DEFAULT_DRIVER_ROWS", "plan_runs_in_driver", "input_rows", "run_in_driver",
+           "Unsupported"]
+
+DEFAULT_DRIVER_ROWS = 10_000
+_TEXT_BYTES_PER_ROW = 4096  # a text file bigger than this per allowed row is not counted
+_W = quote(WEIGHT)
+
+
+def plan_runs_in_driver(plan: PhysicalPlan) -> bool:
+    """Whether every operator of the plan has a driver-path kernel."""
+    if plan.restarts_keys or plan.closes_windows:
+        return False
+    return all(isinstance(n, (PSource, PStateless, PUnion)) or kernel_supports(n)
+               for n in plan.operators)
+
+
+def input_rows(pipe: Pipeline, inputs: dict[str, Any], limit: int) -> int | None:
+    """Rows the batch reads, from metadata (no data read but small text files' lines);
+    None when unknown or clearly above ``limit``."""
+    import pyarrow.parquet as pq
+
+    total = 0
+    for spec in pipe.inputs:
+        got = inputs.get(spec.key)
+        if not got:
+            continue
+        if spec.kind == "kafka":
+            total += sum(b - a for a, b in got["ranges"].values())
+        elif spec.kind == "files":
+            for f in got["files"]:
+                if "://" in f:
+                    return None
+                if f.endswith(".parquet"):
+                    total += pq.ParquetFile(f).metadata.num_rows
+                elif os.path.getsize(f) > _TEXT_BYTES_PER_ROW * max(limit, 1):
+                    return None
+                else:
+                    with open(f, "rb") as fh:
+                        total += fh.read().count(b"\n") + 1
+        else:  # a Delta table's versions: the rows of the files added between them
+            store = pipe.env.store
+            before = {f["path"] for f in store.data_files(spec.path, got.get("from"))}
+            added = [f for f in store.data_files(spec.path, got["to"])
+                     if f["path"] not in before]
+            if any(f["rows"] is None for f in added):
+                return None
+            total += 2 * sum(int(f["rows"]) for f in added)  # an update is two rows
+        if total > limit:
+            return None
+    return total
+
+
+def run_in_driver(pipe: Pipeline, ctx: BatchContext, inputs: dict[str, Any],
+                  pinned: dict[str, int | None], ts_ms: int) -> tuple[dict[str, int | None],
+                                                                      dict[str, int]]:
+    """Run the batch in the driver: the new versions of the tables it wrote and its events
+    by op. Raises ``Unsupported`` (before writing anything) for what the kernels lack."""
+    plan = pipe.table.physical
+    lc = LocalContext(ctx, pinned)
+    tables = {}
+    for src in plan.sources:
+        df = ctx.inputs[src.name.lower()]
+        tables[src.name.lower()] = (df.toArrow() if inputs.get(_key(src))
+                                    else arrow_schema(df.schema).empty_table())
+        if not all(primitive(f.type) for f in tables[src.name.lower()].schema):
+            raise Unsupported("nested types")
+    delta = evaluate(plan.root, lc, tables)
+    delta = delta.rename_columns([*plan.root.columns, WEIGHT])
+    events = encode(pipe, delta, ctx.batch, ts_ms)
+    events = spark_eval(ctx.spark, events, lambda df: df.selectExpr(
+        "*", f"{event_bucket(pipe)} AS {BUCKET}"))
+    lay = pipe.layout
+    outputs = [LocalOutput(f"state/{w.table}", lay.state(pipe.name, w.table), w.rows,
+                           remove=w.remove, prefix=w.prefix) for w in lc.writes]
+    outputs.append(LocalOutput("changelog", lay.changelog(pipe.name),
+                               events.drop_columns([BUCKET])))
+    outputs.append(current(pipe, events, pinned))
+    versions = write_local(outputs, batch=ctx.batch, store=pipe.env.store)
+    lc.settle(versions)
+    ops = Counter(events.column("op").to_pylist())
+    return versions, {op: n for op, n in ops.items() if n}
+
+
+def _key(src: PSource) -> str:
+    from octo_platform.runtime.offsets import source_key
+
+    return source_key(src.kind, src.name)
+
+
+def evaluate(node: Any, lc: LocalContext, tables: dict[str, pa.Table]) -> pa.Table:
+    """The output Δ of ``node`` as Arrow (the driver-path twin of ``operators.evaluate``)."""
+    if isinstance(node, PSource):
+        return tables[node.name.lower()]
+    if isinstance(node, PStateless):
+        return spark_eval(lc.spark, evaluate(node.input, lc, tables),
+                          lambda df: apply_steps(df, node.steps, _W))
+    if isinstance(node, PUnion):
+        names = [*node.columns, WEIGHT]
+        parts = [evaluate(c, lc, tables).rename_columns(names) for c in node.children]
+        frames = [lc.frame(p) for p in parts]
+        union = frames[0]
+        for f in frames[1:]:
+            union = union.union(f)
+        return concat(parts, arrow_schema(union.schema))
+    if isinstance(node, PAggregate):
+        return AggregateKernel(node, lc).run(evaluate(node.input, lc, tables))
+    if isinstance(node, PJoin):
+        return JoinKernel(node, lc).run(evaluate(node.left, lc, tables),
+                                        evaluate(node.right, lc, tables))
+    raise Unsupported(type(node).__name__)
+
+
+def encode(pipe: Pipeline, delta: pa.Table, batch: int, ts_ms: int) -> pa.Table:
+    """Change events of the batch's Δ, as ``connectors.debezium.encode``/``encode_keyed``
+    make them: weights consolidated; with a primary key, the i-th retraction and the i-th
+    insertion of a key (in the order of their values) become one ``u``."""
+    plan = pipe.table.physical
+    columns = list(plan.root.columns)
+    image = pa.struct([pa.field(c, delta.schema.field(c).type) for c in columns])
+    weights: Counter = Counter()
+    for row in delta.to_pylist():
+        weights[tuple(row[c] for c in columns)] += row[WEIGHT]
+    pairs: list[tuple[tuple | None, tuple | None]] = []
+    if plan.pk is None:
+        for values, w in weights.items():
+            pairs += [(None, values) if w > 0 else (values, None)] * abs(w)
+    else:
+        at = [columns.index(k) for k in plan.pk]
+        by_key: dict[tuple, tuple[list, list]] = {}
+        for values, w in weights.items():
+            gone, new = by_key.setdefault(tuple(values[i] for i in at), ([], []))
+            (new if w > 0 else gone).extend([values] * abs(w))
+        for gone, new in by_key.values():
+            gone.sort(key=_spark_order)
+            new.sort(key=_spark_order)
+            for i in range(max(len(gone), len(new))):
+                pairs.append((gone[i] if i < len(gone) else None,
+                              new[i] if i < len(new) else None))
+    pairs = [(b, a) for b, a in pairs if b != a]
+
+    def images(which: int) -> pa.Array:
+        return pa.array([None if p[which] is None else dict(zip(columns, p[which]))
+                         for p in pairs], image)
+
+    n = len(pairs)
+    source = pa.struct([("table", pa.string()), ("batch_id", pa.int64()),
+                        ("connector", pa.string())])
+    return pa.table({
+        "op": pa.array(["c" if b is None else "d" if a is None else "u" for b, a in pairs],
+                       pa.string()),
+        "before": images(0), "after": images(1),
+        "ts_ms": pa.array([ts_ms] * n, pa.int64()),
+        "source": pa.array([{"table": pipe.name, "batch_id": batch, "connector": "octo"}] * n,
+                           source)})
+
+
+def _spark_order(values: tuple) -> tuple:
+    """Spark's ascending order (NULLs first) as a Python sort key."""
+    return tuple((v is not None, v) for v in values)
+
+
+def current(pipe: Pipeline, events: pa.Table, pinned: dict[str, int | None]) -> LocalOutput:
+    """The current-state rows of the buckets the events fall in (``_bucket``), as
+    ``sink.update_current`` makes them; an append-only table appends its new rows."""
+    path = pipe.layout.current(pipe.name)
+    after = events.filter(pc.is_valid(events["after"]))
+    new = pa.Table.from_struct_array(after["after"]).append_column(BUCKET, after[BUCKET])
+    if appends_current(pipe, pinned):
+        return LocalOutput("current", path, new, bucketed=True)
+    touched = set(events.column(BUCKET).to_pylist())
+    store, image = pipe.env.store, events.schema.field("after").type
+    files = store.files(path, pinned.get("current"), touched) if touched else []
+    old = [_bucket_rows(f, image) for f in files]
+    old_schema = pa.schema([*[pa.field(f.name, f.type) for f in image],
+                            pa.field(BUCKET, pa.int32())])
+    rows = concat(old, old_schema)
+    new = new.cast(old_schema)
+    plan = pipe.table.physical
+    if plan.keyed_changes:  # one event per key: replace the rows of the changed keys
+        keys = current_key(pipe)
+        changed = pa.Table.from_struct_array(pc.coalesce(events["after"], events["before"]))
+        ck, ccols = safe_keys(changed.select(keys), keys, "_c")
+        rk, rcols = safe_keys(rows, keys, "_r")
+        kept = key_join(rk, ck.select(ccols), rcols, ccols, "left anti").select(
+            old_schema.names)
+        out = concat([kept, new], old_schema)
+    else:  # a bag: add and remove rows by count
+        counts: Counter = Counter()
+        names = old_schema.names
+        for r in rows.to_pylist():
+            counts[tuple(r[c] for c in names)] += 1
+        for e in events.to_pylist():
+            if e["before"] is not None:
+                counts[(*e["before"].values(), e[BUCKET])] -= 1
+            if e["after"] is not None:
+                counts[(*e["after"].values(), e[BUCKET])] += 1
+        listed = [dict(zip(names, k)) for k, n in counts.items() for _ in range(max(n, 0))]
+        out = pa.Table.from_pylist(listed, old_schema)
+    return LocalOutput("current", path, out, bucketed=True, replace=touched)
+
+
+def _bucket_rows(uri: str, image: pa.StructType) -> pa.Table:
+    """A current-state file's rows with its ``_bucket`` (from its partition directory)."""
+    import pyarrow.parquet as pq
+
+    local = uri.removeprefix("file://")
+    if "://" in local:
+        raise Unsupported("a remote warehouse")
+    rows = pq.read_table(local).cast(pa.schema(list(image)))
+    bucket = int(local.split(f"{BUCKET}=")[1].split("/")[0])
+    return rows.append_column(BUCKET, pa.array([bucket] * rows.num_rows, pa.int32()))

@@ -1,0 +1,99 @@
+"""Arrow helpers of the driver path (``runtime/driver.py``): Spark SQL evaluated over a
+small Arrow table as a local relation, and null-safe key joins.
+
+Spark's optimizer folds projections and filters over a local relation (``ConvertToLocal
+Relation``), so ``collect`` on them runs no Spark job: stateless expressions keep Spark SQL's
+semantics in the driver, with no second SQL dialect to drift from Spark's.
+"""
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Callable
+
+import pyarrow as pa
+import pyarrow.compute as pc
+
+if TYPE_CHECKING:
+    from pyspark.sql import DataFrame, SparkSession
+    from pyspark.sql.types import StructType
+
+__all__ = ["spark_eval", "arrow_schema", "safe_keys", "key_join", "concat", "primitive"]
+
+
+def spark_eval(spark: SparkSession, table: pa.Table,
+               build: Callable[[DataFrame], DataFrame]) -> pa.Table:
+    """``build`` (Spark DataFrame calls) applied to ``table`` as a local relation; the
+    result as Arrow, typed as Spark types it. Projections and filters run in the driver."""
+    df = build(spark.createDataFrame(table))
+    schema = arrow_schema(df.schema)
+    rows = df.collect() if table.num_rows else []
+    if not rows:
+        return schema.empty_table()
+    names = schema.names
+    columns = list(zip(*[tuple(r) for r in rows]))
+    return pa.table([pa.array([_plain(v) for v in col], f.type)
+                     for col, f in zip(columns, schema)], names=names)
+
+
+def arrow_schema(schema: StructType) -> pa.Schema:
+    """A Spark schema as Arrow's (as Spark's own Arrow export types it)."""
+    from pyspark.sql.pandas.types import to_arrow_schema
+
+    return to_arrow_schema(schema, timezone="UTC")
+
+
+def _plain(value):
+    """A collected value as Arrow takes it (a struct ``Row`` becomes a dict)."""
+    if hasattr(value, "asDict"):
+        return value.asDict(recursive=True)
+    return value
+
+
+def primitive(t: pa.DataType) -> bool:
+    """Types the Arrow kernels group, join and sort on."""
+    return (pa.types.is_integer(t) or pa.types.is_floating(t) or pa.types.is_string(t)
+            or pa.types.is_large_string(t) or pa.types.is_boolean(t)
+            or pa.types.is_timestamp(t) or pa.types.is_date(t) or pa.types.is_decimal(t)
+            or pa.types.is_binary(t) or pa.types.is_null(t))
+
+
+def _zero(t: pa.DataType) -> pa.Scalar:
+    if pa.types.is_string(t) or pa.types.is_large_string(t):
+        return pa.scalar("", t)
+    if pa.types.is_binary(t):
+        return pa.scalar(b"", t)
+    if pa.types.is_boolean(t):
+        return pa.scalar(False)
+    return pa.array([0], pa.int64()).cast(t)[0]
+
+
+def safe_keys(table: pa.Table, keys: list[str], prefix: str) -> tuple[pa.Table, list[str]]:
+    """``table`` with, per key column, a NULL flag and the value with NULL filled: equal
+    under SQL's ``<=>`` exactly when these columns are equal (Arrow joins never match
+    NULLs). Returns the table and the new columns' names."""
+    cols: list[str] = []
+    for i, k in enumerate(keys):
+        col = table.column(k)
+        if pa.types.is_null(col.type):
+            col = col.cast(pa.int64())
+        flag, filled = f"{prefix}z{i}", f"{prefix}k{i}"
+        table = table.append_column(flag, pc.cast(pc.is_null(col), pa.int8()))
+        table = table.append_column(filled, pc.fill_null(col, _zero(col.type)))
+        cols += [flag, filled]
+    if not keys:  # a global aggregate: one group
+        table = table.append_column(f"{prefix}g", pa.array([0] * table.num_rows, pa.int8()))
+        cols.append(f"{prefix}g")
+    return table, cols
+
+
+def key_join(left: pa.Table, right: pa.Table, lkeys: list[str], rkeys: list[str],
+             how: str) -> pa.Table:
+    """Arrow join on columns made by ``safe_keys`` (``how``: an Acero join type). The
+    right table is the hash-table side: pass the small one there."""
+    return left.join(right, keys=lkeys, right_keys=rkeys, join_type=how, use_threads=False,
+                     coalesce_keys=False)
+
+
+def concat(tables: list[pa.Table], schema: pa.Schema) -> pa.Table:
+    """Tables of the same columns as one table of ``schema``."""
+    parts = [t.select(schema.names).cast(schema) for t in tables if t.num_rows]
+    return pa.concat_tables(parts) if parts else schema.empty_table()

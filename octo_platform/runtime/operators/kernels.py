@@ -1,0 +1,344 @@
+"""Operator kernels over Arrow for the driver path (``runtime/driver.py``): a small batch's
+Δ and the state of the keys it touches -> output Δ and state changes, with no Spark job.
+
+State is found by key: each state table's rows live in a cache that lasts the whole run
+(``LocalContext.cached``), loaded once from the versions the batch log pins and then
+updated from each batch's own state changes; an entry whose version is not the pinned one
+(a Spark-path batch ran in between, or a retry) is reloaded, never trusted. The kernels
+write the same state tables, in the same format, as the Spark operators (``aggregate``,
+``join``), so a run may switch paths between any two batches. Accumulator types and every
+SQL expression (output values, join keys, residual conditions) come from those operators
+and are evaluated by Spark over local relations (``arrow.spark_eval``).
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Callable
+
+import pyarrow as pa
+import pyarrow.compute as pc
+
+from octo_platform.columns import COUNT, WEIGHT
+from octo_platform.physical.plan import PAggregate, PJoin
+from octo_platform.runtime.operators.aggregate import Aggregate
+from octo_platform.runtime.operators.arrow import (
+    arrow_schema,
+    concat,
+    key_join,
+    safe_keys,
+    spark_eval,
+)
+from octo_platform.runtime.operators.context import BatchContext, positional, side_schema
+from octo_platform.runtime.operators.join import Join
+from octo_platform.runtime.state_log import BATCH, compaction, latest, read_log
+
+if TYPE_CHECKING:
+    from pyspark.sql import DataFrame
+
+__all__ = ["LocalContext", "StagedRows", "AggregateKernel", "JoinKernel", "kernel_supports",
+           "Unsupported"]
+
+
+class Unsupported(Exception):
+    """A batch the kernels do not cover (raised before anything is written): it runs on
+    the Spark path instead."""
+
+
+def kernel_supports(node: object) -> bool:
+    """Whether the driver path has a kernel for a stateful node (others run on Spark)."""
+    if isinstance(node, PAggregate):
+        return node.closes is None and not node.emit_on_close and node.ttl_us is None
+    if isinstance(node, PJoin):
+        return node.kind == "inner" and node.ttl_us is None
+    return False
+
+
+@dataclass
+class StagedRows:
+    """Rows for a state table, written by the driver: a ``delta`` file of the batch's
+    changes, or ``base`` rows of a full compaction replacing the files in ``remove``."""
+
+    table: str
+    rows: pa.Table
+    prefix: str = "delta"
+    remove: tuple[str, ...] = ()
+
+
+@dataclass
+class LocalContext:
+    """What the kernels of one driver-path batch share: the batch (``ctx``: Spark, batch
+    number, the state logs' pinned files, the pipeline's memo), the versions the batch log
+    pins, the staged state writes and each state table's rows after the batch."""
+
+    ctx: BatchContext
+    pinned: dict[str, int | None]
+    writes: list[StagedRows] = field(default_factory=list)
+    fresh: dict[str, pa.Table] = field(default_factory=dict)
+
+    @property
+    def spark(self):
+        return self.ctx.spark
+
+    def frame(self, table: pa.Table) -> DataFrame:
+        """An empty local relation of ``table``'s columns: for Spark's analysis only."""
+        return self.spark.createDataFrame(table.schema.empty_table())
+
+    def cached(self, table: str, load: Callable[[], DataFrame]) -> pa.Table:
+        """State table ``table``'s rows as of the pinned version: from the run's cache when
+        it holds that version, else loaded (``load``: the rows as a Spark frame)."""
+        version = self.pinned.get(f"state/{table}")
+        got = self.ctx.memo.get(f"cache:{table}")
+        if got is not None and got[0] == version:
+            return got[1]
+        df = load()
+        rows = df.toArrow() if self.ctx.state_log(table) else \
+            arrow_schema(df.schema).empty_table()
+        self.ctx.memo[f"cache:{table}"] = (version, rows)
+        return rows
+
+    def settle(self, versions: dict[str, int | None]) -> None:
+        """After the commits: the cache holds each state table's rows at its new version."""
+        for table, rows in self.fresh.items():
+            self.ctx.memo[f"cache:{table}"] = (versions.get(f"state/{table}"), rows)
+
+    def stage(self, table: str, changes: pa.Table, before: pa.Table,
+              base: Callable[[pa.Table], pa.Table]) -> None:
+        """Stage the batch's ``changes`` for the end of a state log (its ``base`` when the log
+        is empty), and, when the log is due for compaction (``state_log.compaction``), a full
+        one: ``base(before)``, the rows before the batch, replacing every pinned file."""
+        files = self.ctx.state_log(table)
+        if compaction(files) is not None:
+            self.writes.append(StagedRows(table, base(before), "base",
+                                          tuple(f["path"] for f in files)))
+        self.writes.append(StagedRows(table, changes, "delta" if files else "base"))
+
+
+def _batch_column(table: pa.Table, batch: int) -> pa.Table:
+    return table.append_column(BATCH, pa.array([batch] * table.num_rows, pa.int64()))
+
+
+def _prefixed(table: pa.Table, prefix: str) -> pa.Table:
+    return table.rename_columns([prefix + c for c in table.column_names])
+
+
+class AggregateKernel:
+    """GROUP BY with retractions (``aggregate.Aggregate``'s state and output, in Arrow)."""
+
+    def __init__(self, node: PAggregate, lc: LocalContext) -> None:
+        self.node, self.lc = node, lc
+        self.op = Aggregate(node, lc.ctx)
+        self.keys = list(node.keys)
+
+    def run(self, delta: pa.Table) -> pa.Table:
+        node, lc, keys = self.node, self.lc, self.keys
+        shape = self.op.shape(lc.frame(delta))
+        state = arrow_schema(shape.state_schema)
+        if any(pa.types.is_decimal(state.field(f).type) for f in state.names[len(keys) + 1:]
+               if f[0] == "s"):
+            raise Unsupported("SUM/AVG of decimals")  # Arrow's decimal arithmetic differs
+        alive = f"{COUNT} != 0" if keys else None
+        before = lc.cached(node.id, lambda: latest(
+            lc.spark, lc.ctx.state_log(node.id), shape.state_schema, keys, alive=alive,
+            keep_batch=True))
+        d = self.delta_groups(delta, shape, state)
+        for i, schema in shape.ms_schemas.items():
+            d = self.with_multiset(d, i, delta, schema)
+        dk, dcols = safe_keys(_prefixed(d, "d."), [f"d.{k}" for k in keys], "_d")
+        ok, ocols = safe_keys(_prefixed(before, "o."), [f"o.{k}" for k in keys], "_o")
+        old = key_join(ok, dk.select(dcols), ocols, dcols, "left semi")
+        both = key_join(dk, old, dcols, ocols, "left outer")
+        table = self.accumulators(both, state)
+        new_state = table.select([*keys, f"n{COUNT}", *[f"n{f.name}" for f in
+                                                        state][len(keys) + 1:]])
+        new_state = _batch_column(new_state.rename_columns(state.names), lc.ctx.batch)
+        new_state = new_state.cast(pa.schema([*state, pa.field(BATCH, pa.int64())]))
+        kept = before if not keys else key_join(
+            ok, dk.select(dcols), ocols, dcols, "left anti").select(
+            [f"o.{c}" for c in before.column_names]).rename_columns(before.column_names)
+        live = new_state.filter(pc.not_equal(new_state[COUNT], 0)) if keys else new_state
+        lc.fresh[node.id] = concat([kept, live], before.schema) if keys else live.cast(
+            before.schema)
+        lc.stage(node.id, new_state, before, lambda rows: rows)
+        return self.output(table, shape)
+
+    def delta_groups(self, delta: pa.Table, shape, state: pa.Schema) -> pa.Table:
+        """The batch per group: ``d_n`` and per aggregate ``dc<i>``/``ds<i>``/``dm<i>``
+        (as the Spark operator's ``delta_exprs``)."""
+        w = delta[WEIGHT]
+        cols = {k: delta[k] for k in self.keys}
+        cols[f"d{COUNT}"] = w
+        aggs = [(f"d{COUNT}", "sum")]
+        zero = pa.scalar(0, pa.int64())
+        for i, a in enumerate(self.node.aggs):
+            x = delta[a.arg] if a.arg else None
+            if a.strategy in ("count", "sum") and x is not None:
+                cols[f"dc{i}"] = pc.if_else(pc.is_valid(x), w, zero)
+                aggs.append((f"dc{i}", "sum"))
+            if a.strategy == "sum":
+                t = state.field(f"s{i}").type
+                cols[f"ds{i}"] = pc.multiply(x.cast(t), w.cast(t))
+                aggs.append((f"ds{i}", "sum"))
+            elif a.strategy == "running":
+                cols[f"dm{i}"] = x
+                aggs.append((f"dm{i}", a.func))
+        grouped = pa.table(cols).group_by(self.keys, use_threads=False).aggregate(aggs)
+        return grouped.rename_columns([_unsuffix(c, aggs) for c in grouped.column_names])
+
+    def with_multiset(self, d: pa.Table, i: int, delta: pa.Table, schema) -> pa.Table:
+        """Update aggregate ``i``'s (keys, value) -> count state; ``d`` gains ``r<i>``: the
+        result over every value of each group the batch touched."""
+        node, lc, keys = self.node, self.lc, self.keys
+        a, table = node.aggs[i], node.multiset_table(i)
+        names = [*keys, "v"]
+        before = lc.cached(table, lambda: latest(lc.spark, lc.ctx.state_log(table), schema,
+                                                 names, alive="cnt != 0", keep_batch=True))
+        x = delta[a.arg]
+        dv = pa.table({**{k: delta[k] for k in keys}, "v": x, "dcnt": delta[WEIGHT]}).filter(
+            pc.is_valid(x)).group_by(names, use_threads=False).aggregate([("dcnt", "sum")])
+        dv = dv.rename_columns([_unsuffix(c, [("dcnt", "sum")]) for c in dv.column_names])
+        ok, ocols = safe_keys(_prefixed(before, "o."), [f"o.{c}" for c in names], "_o")
+        dk, dcols = safe_keys(_prefixed(dv, "d."), [f"d.{c}" for c in names], "_d")
+        both = key_join(dk, key_join(ok, dk.select(dcols), ocols, dcols, "left semi"),
+                        dcols, ocols, "left outer")
+        cnt = pc.add(pc.fill_null(both["o.cnt"], 0), both["d.dcnt"])
+        changed = pa.table({**{c: pc.coalesce(both[f"d.{c}"], both[f"o.{c}"]) for c in names},
+                            "cnt": cnt})
+        changed = _batch_column(changed, lc.ctx.batch).cast(before.schema)
+        kept = key_join(ok, dk.select(dcols), ocols, dcols, "left anti").select(
+            [f"o.{c}" for c in before.column_names]).rename_columns(before.column_names)
+        after = concat([kept, changed.filter(pc.not_equal(changed["cnt"], 0))], before.schema)
+        lc.fresh[table] = after
+        lc.stage(table, changed, before, lambda rows: rows)
+        values = after
+        if keys:  # every value of the groups the batch touched
+            groups, gcols = safe_keys(pa.table({k: delta[k] for k in keys}), keys, "_g")
+            mine, acols = safe_keys(after, keys, "_a")
+            values = key_join(mine, groups.select(gcols).group_by(gcols, use_threads=False)
+                              .aggregate([]), acols, gcols, "left semi")
+        fn = "count" if a.func == "count" else a.func
+        r = values.select([*keys, "v"]).group_by(keys, use_threads=False).aggregate(
+            [("v", fn)]).rename_columns([*keys, f"r{i}"] if keys else [f"r{i}"])
+        if not keys:
+            return d.append_column(f"r{i}", r[f"r{i}"])
+        dk2, dcols2 = safe_keys(d, keys, "_q")
+        rk, rcols = safe_keys(_prefixed(r, "r."), [f"r.{k}" for k in keys], "_r")
+        joined = key_join(dk2, rk, dcols2, rcols, "left outer")
+        return joined.select([*d.column_names, f"r.r{i}"]).rename_columns(
+            [*d.column_names, f"r{i}"])
+
+    def accumulators(self, both: pa.Table, state: pa.Schema) -> pa.Table:
+        """Old (``o``) and new (``n``) accumulators of every touched group, named as the
+        Spark operator's ``merge_exprs`` names them."""
+        keys = self.keys
+        cols = {k: both[f"d.{k}"] for k in keys}  # every touched group is in the batch
+        o_n = both[f"o.{COUNT}"]
+        cols[f"o{COUNT}"] = o_n
+        cols[f"n{COUNT}"] = pc.add(pc.fill_null(o_n, 0), pc.fill_null(both[f"d.d{COUNT}"], 0))
+        for f in state.names[len(keys) + 1:]:
+            i, t = int(f[1:]), state.field(f).type
+            a, old = self.node.aggs[i], both[f"o.{f}"]
+            if f[0] in "cs":
+                zero = pa.scalar(0, t) if not pa.types.is_floating(t) else pa.scalar(0.0, t)
+                new = pc.add(pc.fill_null(old, zero), pc.fill_null(both[f"d.d{f}"].cast(t),
+                                                                    zero)).cast(t)
+            elif a.strategy == "running":
+                new = pc.min_element_wise(old, both[f"d.d{f}"].cast(t)) if a.func == "min" \
+                    else pc.max_element_wise(old, both[f"d.d{f}"].cast(t))
+            else:
+                r = both[f"d.r{i}"]
+                new = (pc.fill_null(r, 0) if a.func == "count" else r).cast(t)
+            cols[f"o{f}"], cols[f"n{f}"] = old, new
+        cols["_touched"] = pa.array([True] * both.num_rows)
+        return pa.table(cols)
+
+    def output(self, table: pa.Table, shape) -> pa.Table:
+        """Retractions of the old and insertions of the new result rows, where they
+        differ: the values and flags are the Spark operator's SQL, run locally."""
+        n = len(self.node.columns)
+        old_exists, new_exists, changed = self.op.change_flags()
+        types = [f.dataType.simpleString() for f in shape.out_schema.fields]
+        exprs = [f"CAST({v} AS {t}) AS _o{j}" for j, (v, t) in enumerate(
+            zip(self.op.values("o"), types))]
+        exprs += [f"CAST({v} AS {t}) AS _n{j}" for j, (v, t) in enumerate(
+            zip(self.op.values("n"), types))]
+        exprs += [f"{old_exists} AS _oe", f"{new_exists} AS _ne"]
+        rows = spark_eval(self.lc.spark, table, lambda df: df.filter(changed).selectExpr(
+            *exprs))
+        out = arrow_schema(shape.out_schema).append(pa.field(WEIGHT, pa.int64()))
+
+        def side(prefix: str, flag: str, weight: int) -> pa.Table:
+            part = rows.filter(rows[flag]).select([f"_{prefix}{j}" for j in range(n)])
+            return part.append_column(WEIGHT, pa.array([weight] * part.num_rows, pa.int64())
+                                      ).rename_columns(out.names)
+        return concat([side("o", "_oe", -1), side("n", "_ne", 1)], out)
+
+
+def _unsuffix(name: str, aggs: list[tuple[str, str]]) -> str:
+    """A ``group_by().aggregate`` column's name without its ``_<function>`` suffix."""
+    for col, fn in aggs:
+        if name == f"{col}_{fn}":
+            return col
+    return name
+
+
+class JoinKernel:
+    """Inner delta-rule join: Δ(L⋈R) = ΔL⋈R_old + L_new⋈ΔR (``join.Join``'s state)."""
+
+    def __init__(self, node: PJoin, lc: LocalContext) -> None:
+        self.node, self.lc = node, lc
+        self.op = Join(node, lc.ctx)
+
+    def run(self, ldelta: pa.Table, rdelta: pa.Table) -> pa.Table:
+        op, lc = self.op, self.lc
+        frames = {"l": ldelta.rename_columns([*op.names["l"], "_lw"]),
+                  "r": rdelta.rename_columns([*op.names["r"], "_rw"])}
+        types = op.key_types(lc.frame(frames["l"]), lc.frame(frames["r"]))
+        delta, old = {}, {}
+        for s in "lr":
+            names = op.names[s]
+            grouped = frames[s].group_by(names, use_threads=False).aggregate(
+                [(f"_{s}w", "sum")]).rename_columns([*names, f"_{s}w"])
+            grouped = grouped.filter(pc.not_equal(grouped[f"_{s}w"], 0))
+            delta[s] = spark_eval(lc.spark, grouped,
+                                  lambda df, s=s: op.with_keys(df, s, types))
+            old[s] = self.side(s, frames[s], delta[s], types)
+        lk, rk = op.kcols("l"), op.kcols("r")
+        parts = [key_join(old["r"], delta["l"], rk, lk, "inner"),
+                 key_join(concat([old["l"], delta["l"]], delta["l"].schema), delta["r"],
+                          lk, rk, "inner")]
+        names = [*op.names["l"], *op.names["r"]]
+        out = [p.select(names).append_column(WEIGHT, pc.multiply(p["_lw"], p["_rw"]))
+               for p in parts]
+        schema = pa.schema([*[delta["l"].schema.field(n) for n in op.names["l"]],
+                            *[delta["r"].schema.field(n) for n in op.names["r"]],
+                            pa.field(WEIGHT, pa.int64())])
+        rows = concat(out, schema)
+        if self.node.residual:
+            rows = spark_eval(lc.spark, rows, lambda df: df.filter(self.node.residual))
+        return rows
+
+    def side(self, s: str, frame: pa.Table, delta: pa.Table, types: list[str]) -> pa.Table:
+        """Side ``s``'s rows (with multiplicity and keys) before the batch; stages the
+        batch's Δ for the side's log and keeps the side's rows after it for the cache."""
+        op, lc, names = self.op, self.lc, self.op.names[s]
+        table = self.node.side_table(op.SIDES[s])
+        stored = side_schema(self.lc.frame(frame).schema, names)
+
+        def load() -> DataFrame:
+            rows = read_log(lc.spark, lc.ctx.state_log(table), stored)
+            return op.with_keys(rows.toDF(*names, f"_{s}w"), s, types)
+
+        before = lc.cached(table, load)
+        lc.fresh[table] = concat([before, delta], before.schema)
+        positions = [*positional(names), COUNT]
+        changes = delta.select([*names, f"_{s}w"]).rename_columns(positions)
+        kept = arrow_schema(stored)
+
+        def base(rows: pa.Table) -> pa.Table:
+            merged = rows.select([*names, f"_{s}w"]).group_by(names, use_threads=False) \
+                .aggregate([(f"_{s}w", "sum")]).rename_columns(positions)
+            return merged.filter(pc.not_equal(merged[COUNT], 0)).cast(kept)
+
+        lc.stage(table, changes.cast(kept), before, base)
+        return before
+
