@@ -37,6 +37,16 @@ def driver_rows(path: str, run: int) -> int:
     return 10**9 if driver else 0
 
 
+def check_paths(report: Any, project: Any, path: str, run: int) -> None:
+    """Each batch of the run ran where ``path`` sends it: in the driver when the run allows
+    it and the driver path covers the table's plan, else as Spark jobs."""
+    from octo_platform.runtime.driver import plan_runs_in_driver
+
+    for b in report.batches:
+        local = driver_rows(path, run) > 0 and plan_runs_in_driver(project.table(b.table).physical)
+        assert b.path == ("driver" if local else "spark"), (b.table, b.batch, b.path)
+
+
 def norm(value: Any) -> Any:
     """Hashable, float-tolerant form of a value (structs become tuples, timestamps naive
     UTC)."""

@@ -16,7 +16,14 @@ from octo_platform.project import load_project
 from octo_platform.runtime import inputs, pipeline
 from octo_platform.runtime.runner import run_tables
 from octo_platform.wiring import default_options
-from tests.oracle import PATHS, RandomInput, check_tables, driver_rows, write_lines
+from tests.oracle import (
+    PATHS,
+    RandomInput,
+    check_paths,
+    check_tables,
+    driver_rows,
+    write_lines,
+)
 
 TABLES = {
     # stateless: filter + projection with scalar expressions
@@ -84,6 +91,7 @@ def test_every_operator_matches_batch_sql(spark, tmp_path, monkeypatch, debezium
         report = run_tables(spark, tmp_path, options=default_options(
             buckets=4, progress=None, driver_rows=driver_rows(path, round_no)), until_idle=True)
         assert report.batches, "every round has new input"
+        check_paths(report, project, path, round_no)
         relations = {"src": src.relation(), "src2": src2.relation()}
         check_tables(spark, tmp_path / "warehouse", sql, relations, keyed, round_no)
     assert dead_letter_count(tmp_path, "t_project") == dead

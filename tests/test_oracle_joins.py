@@ -15,7 +15,14 @@ import pytest
 from octo_platform.project import load_project
 from octo_platform.runtime.runner import run_tables
 from octo_platform.wiring import default_options
-from tests.oracle import PATHS, RandomInput, check_tables, driver_rows, write_lines
+from tests.oracle import (
+    PATHS,
+    RandomInput,
+    check_paths,
+    check_tables,
+    driver_rows,
+    write_lines,
+)
 
 A = "a.id AS aid, b.id AS bid"
 TABLES = {
@@ -89,5 +96,6 @@ def test_joins_and_top_n_match_batch_sql(spark, tmp_path, path):
         report = run_tables(spark, tmp_path, options=default_options(
             buckets=4, progress=None, driver_rows=driver_rows(path, round_no)), until_idle=True)
         assert report.batches
+        check_paths(report, project, path, round_no)
         inputs = {name: feed.relation() for name, feed in feeds.items()}
         check_tables(spark, tmp_path / "warehouse", sql, inputs, keyed, round_no)
