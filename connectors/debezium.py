@@ -12,9 +12,10 @@ from octo_platform.columns import WEIGHT
 from octo_platform.sqltext import quote, sql_expr
 
 if TYPE_CHECKING:
+    import pyarrow as pa
     from pyspark.sql import DataFrame
 
-__all__ = ["decode", "validate", "encode", "encode_keyed", "CHANGELOG_OPS"]
+__all__ = ["decode", "decode_arrow", "validate", "encode", "encode_keyed", "CHANGELOG_OPS"]
 
 CHANGELOG_OPS = ("c", "u", "d", "r")
 
@@ -43,6 +44,21 @@ def decode(events: DataFrame, columns: tuple[str, ...]) -> DataFrame:
     rows = f"array({inserted}, {removed})"
     return (events.selectExpr(f"explode(filter({rows}, x -> x IS NOT NULL)) AS r")
             .selectExpr("r.*"))
+
+
+def decode_arrow(events: pa.Table, columns: tuple[str, ...]) -> pa.Table:
+    """``decode`` for a small batch in the driver: weighted rows (``__octo_w``) of valid
+    events given as Arrow (``op``, ``before``, ``after``)."""
+    import pyarrow as pa
+    import pyarrow.compute as pc
+
+    parts = []
+    for side, ops, weight in (("after", ["c", "r", "u"], 1), ("before", ["u", "d"], -1)):
+        picked = events.filter(pc.is_in(events["op"], pa.array(ops)))
+        images = pa.Table.from_struct_array(picked[side]).select(list(columns))
+        parts.append(images.append_column(WEIGHT, pa.array([weight] * images.num_rows,
+                                                           pa.int64())))
+    return pa.concat_tables(parts)
 
 
 def encode(delta: DataFrame, columns: tuple[str, ...], pk: tuple[str, ...] | None,

@@ -19,7 +19,8 @@ from octo_platform.sqltext import quote
 if TYPE_CHECKING:
     from pyspark.sql import DataFrame, SparkSession
 
-__all__ = ["FileSource", "Parsed", "list_files", "read_files", "parse_json"]
+__all__ = ["FileSource", "Parsed", "list_files", "read_files", "read_files_local",
+           "parse_json"]
 
 
 @dataclass(frozen=True)
@@ -75,6 +76,39 @@ def read_files(spark: SparkSession, source: FileSource, files: list[str]) -> Par
     if source.format == "parquet":
         return _parquet(spark, source, files)
     return _json_lines(spark, source, files)
+
+
+def read_files_local(spark: SparkSession, source: FileSource, files: list[str]) -> Parsed:
+    """``read_files`` for a small batch in the driver: the files are read here and parsed
+    by the same Spark SQL over a local relation (projections and filters only, which Spark
+    evaluates in the driver: no job). JSON, Debezium JSON and Parquet of local files;
+    ``LookupError`` for anything else (the caller reads it with Spark instead)."""
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    if source.format == "csv" or any("://" in f for f in files):
+        raise LookupError(f"{source.format} files are read by Spark")
+    names = [f"file:{os.path.abspath(f)}" for f in files]
+    if source.format == "parquet":
+        if not files:
+            raise LookupError("no files")
+        tables = [pq.read_table(f) for f in files]
+        if any(t.schema != tables[0].schema for t in tables):
+            raise LookupError("Parquet files of different schemas")
+        data = pa.concat_tables([t.append_column("_file", pa.array([n] * t.num_rows, pa.string()))
+                                 for t, n in zip(tables, names)])
+        return _parquet_records(spark.createDataFrame(data), source)
+    values, where = [], []
+    for f, n in zip(files, names):
+        with open(f, "rb") as fh:
+            lines = fh.read().decode("utf-8", errors="replace").split("\n")
+        if lines and lines[-1] == "":
+            lines.pop()
+        values += [line.removesuffix("\r") for line in lines]
+        where += [n] * len(lines)
+    lines = spark.createDataFrame(pa.table({"value": pa.array(values, pa.string()),
+                                            "file": pa.array(where, pa.string())}))
+    return parse_json(lines, source)
 
 
 def _weighted(df: DataFrame, source: FileSource) -> DataFrame:
@@ -152,7 +186,12 @@ def _parquet(spark: SparkSession, source: FileSource, files: list[str]) -> Parse
         if len(_SCHEMAS) >= _MAX_SCHEMAS:
             _SCHEMAS.clear()
         _SCHEMAS[key] = df.schema
-    df = df.select("*", F.col("_metadata.file_path").alias("_file"))
+    return _parquet_records(df.select("*", F.col("_metadata.file_path").alias("_file")), source)
+
+
+def _parquet_records(df: DataFrame, source: FileSource) -> Parsed:
+    """Records of Parquet rows (``df``: the files' columns and ``_file``): each declared
+    column cast to its type, a value that does not fit making the record a dead letter."""
     present = {c.lower(): c for c in df.columns}
     casts, checks = [], []
     for col, typ in zip(source.columns, source.types):

@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import os
 from collections import Counter
+from functools import reduce
 from typing import TYPE_CHECKING, Any
 
 import pyarrow as pa
@@ -30,7 +31,7 @@ from octo_platform.columns import BUCKET, WEIGHT
 from octo_platform.physical.plan import PAggregate, PhysicalPlan, PJoin, PSource, PStateless, PUnion
 from octo_platform.runtime.operators import BatchContext, apply_steps
 from octo_platform.runtime.operators.arrow import arrow_schema, concat, key_join, primitive, \
-    safe_keys, spark_eval
+    safe_keys
 from octo_platform.runtime.operators.kernels import (
     AggregateKernel,
     JoinKernel,
@@ -40,7 +41,7 @@ from octo_platform.runtime.operators.kernels import (
 )
 from octo_platform.runtime.sink import appends_current, current_key, event_bucket
 from octo_platform.runtime.writes import LocalOutput, write_local
-from octo_platform.sqltext import quote
+from octo_platform.sqltext import quote, unquote
 
 if TYPE_CHECKING:
     from octo_platform.runtime.pipeline import Pipeline
@@ -114,7 +115,7 @@ def run_in_driver(pipe: Pipeline, ctx: BatchContext, inputs: dict[str, Any],
     delta = evaluate(plan.root, lc, tables)
     delta = delta.rename_columns([*plan.root.columns, WEIGHT])
     events = encode(pipe, delta, ctx.batch, ts_ms)
-    events = spark_eval(ctx.spark, events, lambda df: df.selectExpr(
+    events = lc.sql("events", events, lambda df: df.selectExpr(
         "*", f"{event_bucket(pipe)} AS {BUCKET}"))
     lay = pipe.layout
     outputs = [LocalOutput(f"state/{w.table}", lay.state(pipe.name, w.table), w.rows,
@@ -139,22 +140,40 @@ def evaluate(node: Any, lc: LocalContext, tables: dict[str, pa.Table]) -> pa.Tab
     if isinstance(node, PSource):
         return tables[node.name.lower()]
     if isinstance(node, PStateless):
-        return spark_eval(lc.spark, evaluate(node.input, lc, tables),
-                          lambda df: apply_steps(df, node.steps, _W))
+        table, steps = evaluate(node.input, lc, tables), node.steps
+        while steps and (picked := _columns(steps[0], table)) is not None:
+            table = table.select(picked).rename_columns([*steps[0][1], WEIGHT])
+            steps = steps[1:]
+        if not steps:
+            return table
+        return lc.sql(f"{node.id}:{len(steps)}", table,
+                      lambda df: apply_steps(df, steps, _W))
     if isinstance(node, PUnion):
         names = [*node.columns, WEIGHT]
         parts = [evaluate(c, lc, tables).rename_columns(names) for c in node.children]
-        frames = [lc.frame(p) for p in parts]
-        union = frames[0]
-        for f in frames[1:]:
-            union = union.union(f)
-        return concat(parts, arrow_schema(union.schema))
+
+        def widened() -> pa.Schema:  # Spark's UNION ALL types
+            frames = [lc.frame(p) for p in parts]
+            return arrow_schema(reduce(lambda a, b: a.union(b), frames).schema)
+        return concat(parts, lc.once(f"{node.id}:{[p.schema for p in parts]}", widened))
     if isinstance(node, PAggregate):
         return AggregateKernel(node, lc).run(evaluate(node.input, lc, tables))
     if isinstance(node, PJoin):
         return JoinKernel(node, lc).run(evaluate(node.left, lc, tables),
                                         evaluate(node.right, lc, tables))
     raise Unsupported(type(node).__name__)
+
+
+def _columns(step: tuple, table: pa.Table) -> list[str] | None:
+    """The columns a projection of bare column references picks (then the weight), or
+    None for a step that needs Spark (a filter, any other expression)."""
+    kind, _, exprs = step
+    if kind != "project":
+        return None
+    picked = [unquote(e) for e in exprs]
+    if any(p is None or p not in table.column_names for p in picked):
+        return None
+    return [*picked, WEIGHT]  # type: ignore[list-item]
 
 
 def encode(pipe: Pipeline, delta: pa.Table, batch: int, ts_ms: int) -> pa.Table:

@@ -28,9 +28,13 @@ class Environment:
     store: Store
     list_files: Callable[[str], list[str]]
     read_files: Callable[..., Any]
+    # (spark, source, files) -> records over a local relation, read in the driver (small
+    # batches); LookupError for what only Spark reads
+    read_files_local: Callable[..., Any]
     file_source: Callable[..., Any]
     delta_source: Callable[..., Any]
     decode_changelog: Callable[[DataFrame, tuple[str, ...]], DataFrame]
+    decode_changelog_arrow: Callable[[Any, tuple[str, ...]], Any]  # the same over Arrow
     encode_changelog: Callable[..., DataFrame]
     encode_keyed: Callable[..., DataFrame]
     kafka_source: Callable[..., Any]  # (name, WITH options, columns=, types=) -> a source

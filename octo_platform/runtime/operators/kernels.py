@@ -13,7 +13,7 @@ and are evaluated by Spark over local relations (``arrow.spark_eval``).
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Callable
+from typing import TYPE_CHECKING, Any, Callable
 
 import pyarrow as pa
 import pyarrow.compute as pc
@@ -83,6 +83,24 @@ class LocalContext:
         """An empty local relation of ``table``'s columns: for Spark's analysis only."""
         return self.spark.createDataFrame(table.schema.empty_table())
 
+    def once(self, key: str, make: Callable[[], Any]) -> Any:
+        """``make()``, computed once per run (what Spark's analysis says about a schema)."""
+        memo = self.ctx.memo
+        if key not in memo:
+            memo[key] = make()
+        return memo[key]
+
+    def sql(self, what: str, table: pa.Table, build: Callable[[DataFrame], DataFrame]
+            ) -> pa.Table:
+        """``arrow.spark_eval``; for an empty table, once its result's columns are known,
+        with no call to Spark at all."""
+        key = f"sql:{what}:{table.schema}"
+        if not table.num_rows and key in self.ctx.memo:
+            return self.ctx.memo[key].empty_table()
+        out = spark_eval(self.spark, table, build)
+        self.ctx.memo[key] = out.schema
+        return out
+
     def cached(self, table: str, load: Callable[[], DataFrame]) -> pa.Table:
         """State table ``table``'s rows as of the pinned version: from the run's cache when
         it holds that version, else loaded (``load``: the rows as a Spark frame)."""
@@ -131,7 +149,8 @@ class AggregateKernel:
 
     def run(self, delta: pa.Table) -> pa.Table:
         node, lc, keys = self.node, self.lc, self.keys
-        shape = self.op.shape(lc.frame(delta))
+        shape = lc.once(f"shape:{node.id}:{delta.schema}",
+                        lambda: self.op.shape(lc.frame(delta)))
         state = arrow_schema(shape.state_schema)
         if any(pa.types.is_decimal(state.field(f).type) for f in state.names[len(keys) + 1:]
                if f[0] == "s"):
@@ -140,6 +159,8 @@ class AggregateKernel:
         before = lc.cached(node.id, lambda: latest(
             lc.spark, lc.ctx.state_log(node.id), shape.state_schema, keys, alive=alive,
             keep_batch=True))
+        if not delta.num_rows and (keys or before.num_rows):  # no group changes
+            return self.out_schema(shape).empty_table()
         d = self.delta_groups(delta, shape, state)
         for i, schema in shape.ms_schemas.items():
             d = self.with_multiset(d, i, delta, schema)
@@ -251,6 +272,10 @@ class AggregateKernel:
         cols["_touched"] = pa.array([True] * both.num_rows)
         return pa.table(cols)
 
+    @staticmethod
+    def out_schema(shape) -> pa.Schema:
+        return arrow_schema(shape.out_schema).append(pa.field(WEIGHT, pa.int64()))
+
     def output(self, table: pa.Table, shape) -> pa.Table:
         """Retractions of the old and insertions of the new result rows, where they
         differ: the values and flags are the Spark operator's SQL, run locally."""
@@ -262,9 +287,9 @@ class AggregateKernel:
         exprs += [f"CAST({v} AS {t}) AS _n{j}" for j, (v, t) in enumerate(
             zip(self.op.values("n"), types))]
         exprs += [f"{old_exists} AS _oe", f"{new_exists} AS _ne"]
-        rows = spark_eval(self.lc.spark, table, lambda df: df.filter(changed).selectExpr(
-            *exprs))
-        out = arrow_schema(shape.out_schema).append(pa.field(WEIGHT, pa.int64()))
+        rows = self.lc.sql(f"{self.node.id}:out", table,
+                           lambda df: df.filter(changed).selectExpr(*exprs))
+        out = self.out_schema(shape)
 
         def side(prefix: str, flag: str, weight: int) -> pa.Table:
             part = rows.filter(rows[flag]).select([f"_{prefix}{j}" for j in range(n)])
@@ -292,15 +317,21 @@ class JoinKernel:
         op, lc = self.op, self.lc
         frames = {"l": ldelta.rename_columns([*op.names["l"], "_lw"]),
                   "r": rdelta.rename_columns([*op.names["r"], "_rw"])}
-        types = op.key_types(lc.frame(frames["l"]), lc.frame(frames["r"]))
+        schema = pa.schema([*[f.with_name(n) for f, n in zip(ldelta.schema, op.names["l"])],
+                            *[f.with_name(n) for f, n in zip(rdelta.schema, op.names["r"])],
+                            pa.field(WEIGHT, pa.int64())])
+        if not ldelta.num_rows and not rdelta.num_rows:
+            return schema.empty_table()
+        types = lc.once(f"keys:{self.node.id}", lambda: op.key_types(
+            lc.frame(frames["l"]), lc.frame(frames["r"])))
         delta, old = {}, {}
         for s in "lr":
             names = op.names[s]
             grouped = frames[s].group_by(names, use_threads=False).aggregate(
                 [(f"_{s}w", "sum")]).rename_columns([*names, f"_{s}w"])
             grouped = grouped.filter(pc.not_equal(grouped[f"_{s}w"], 0))
-            delta[s] = spark_eval(lc.spark, grouped,
-                                  lambda df, s=s: op.with_keys(df, s, types))
+            delta[s] = lc.sql(f"{self.node.id}:{s}", grouped,
+                              lambda df, s=s: op.with_keys(df, s, types))
             old[s] = self.side(s, frames[s], delta[s], types)
         lk, rk = op.kcols("l"), op.kcols("r")
         parts = [key_join(old["r"], delta["l"], rk, lk, "inner"),
@@ -309,12 +340,9 @@ class JoinKernel:
         names = [*op.names["l"], *op.names["r"]]
         out = [p.select(names).append_column(WEIGHT, pc.multiply(p["_lw"], p["_rw"]))
                for p in parts]
-        schema = pa.schema([*[delta["l"].schema.field(n) for n in op.names["l"]],
-                            *[delta["r"].schema.field(n) for n in op.names["r"]],
-                            pa.field(WEIGHT, pa.int64())])
         rows = concat(out, schema)
         if self.node.residual:
-            rows = spark_eval(lc.spark, rows, lambda df: df.filter(self.node.residual))
+            rows = lc.sql(f"{self.node.id}:on", rows, lambda df: df.filter(self.node.residual))
         return rows
 
     def side(self, s: str, frame: pa.Table, delta: pa.Table, types: list[str]) -> pa.Table:
@@ -322,7 +350,8 @@ class JoinKernel:
         batch's Δ for the side's log and keeps the side's rows after it for the cache."""
         op, lc, names = self.op, self.lc, self.op.names[s]
         table = self.node.side_table(op.SIDES[s])
-        stored = side_schema(self.lc.frame(frame).schema, names)
+        stored = lc.once(f"side:{table}:{frame.schema}",
+                         lambda: side_schema(lc.frame(frame).schema, names))
 
         def load() -> DataFrame:
             rows = read_log(lc.spark, lc.ctx.state_log(table), stored)
