@@ -8,6 +8,7 @@ from __future__ import annotations
 import functools
 import json
 import os
+import threading
 import time
 from collections.abc import Callable
 from typing import Any, Literal
@@ -50,17 +51,51 @@ def _nullable(table: pa.Table) -> pa.Table:
     return table.cast(schema) if schema != table.schema else table
 
 
+def _commit_stamp(path: str, version: int) -> tuple[int, int] | None:
+    """Identity of a local table's commit file of ``version`` (None: it is gone)."""
+    try:
+        st = os.stat(os.path.join(path, "_delta_log", f"{version:020d}.json"))
+    except OSError:
+        return None
+    return st.st_ino, st.st_mtime_ns
+
+
 class DeltaStore:
-    """Reads and idempotent writes of the Delta tables under a warehouse."""
+    """Reads and idempotent writes of the Delta tables under a warehouse.
+
+    A local table's handle is kept open per thread (a pipeline runs its batches on one
+    thread) and brought up to date incrementally before each use: a full open reads and
+    replays the whole log (~8 ms here), an update only the new commits (~0.4 ms). A handle
+    whose newest commit file is no longer the one it read (the table was deleted and made
+    again, e.g. by ``octo reset``) is dropped and the table opened afresh.
+    """
 
     def __init__(self, storage_options: dict[str, str] | None = None) -> None:
         self.storage_options = storage_options or None
+        self._handles = threading.local()
 
     def _open(self, path: str, version: int | None = None) -> DeltaTable | None:
+        handles: dict[str, tuple[DeltaTable, Any]] = self._handles.__dict__.setdefault(
+            "tables", {})
+        kept = handles.get(path)
+        if kept is not None and _commit_stamp(path, kept[0].version()) != kept[1]:
+            del handles[path]  # the table was made again since: open it afresh
+            kept = None
+        if kept is not None:
+            dt = kept[0]
+            if version is None:
+                dt.update_incremental()
+                handles[path] = (dt, _commit_stamp(path, dt.version()))
+                return dt
+            if dt.version() == version:
+                return dt
         try:
-            return DeltaTable(path, version=version, storage_options=self.storage_options)
+            dt = DeltaTable(path, version=version, storage_options=self.storage_options)
         except TableNotFoundError:
             return None
+        if version is None and "://" not in path:
+            handles[path] = (dt, _commit_stamp(path, dt.version()))
+        return dt
 
     def version(self, path: str) -> int | None:
         """Current version of the table at ``path``, None if there is no table."""
@@ -145,8 +180,8 @@ class DeltaStore:
                 app_transactions=[Transaction(app_id=app_id, version=batch)]
             ),
         )
-        # Single writer per table (the runner holds a lock), so the new version is known.
-        return 0 if dt is None else dt.version() + 1
+        # Single writer per table (the runner holds a lock); writing updates the handle.
+        return 0 if dt is None else dt.version()
 
     def done(self, path: str, *, app_id: str, batch: int) -> bool:
         """Whether the table already holds batch ``batch`` of ``app_id``."""

@@ -39,12 +39,19 @@ from octo_platform.runtime.operators.kernels import (
     Unsupported,
     kernel_supports,
 )
-from octo_platform.runtime.sink import appends_current, current_key, event_bucket
+from octo_platform.runtime.driver_inputs import LocalInputs, read_local
+from octo_platform.runtime.inputs import read_inputs, settle_inputs
+from octo_platform.runtime.sink import (
+    appends_current,
+    current_key,
+    event_bucket,
+    write_dead_letters,
+)
 from octo_platform.runtime.writes import LocalOutput, write_local
 from octo_platform.sqltext import quote, unquote
 
 if TYPE_CHECKING:
-    from octo_platform.runtime.pipeline import Pipeline
+    from octo_platform.runtime.pipeline import BatchStats, Pipeline
 
 __all__ = ["DEFAULT_DRIVER_ROWS", "plan_runs_in_driver", "input_rows", "run_in_driver",
            "Unsupported"]
@@ -99,19 +106,25 @@ def input_rows(pipe: Pipeline, inputs: dict[str, Any], limit: int) -> int | None
 
 
 def run_in_driver(pipe: Pipeline, ctx: BatchContext, inputs: dict[str, Any],
-                  pinned: dict[str, int | None], ts_ms: int) -> tuple[dict[str, int | None],
-                                                                      dict[str, int]]:
-    """Run the batch in the driver: the new versions of the tables it wrote and its events
-    by op. Raises ``Unsupported`` (before writing anything) for what the kernels lack."""
+                  pinned: dict[str, int | None], ts_ms: int,
+                  stats: BatchStats) -> dict[str, int | None]:
+    """Run the batch in the driver: the new versions of the tables it wrote (``stats``
+    gets the batch's counts). Raises ``Unsupported`` (before writing anything) for what
+    the kernels lack."""
     plan = pipe.table.physical
     lc = LocalContext(ctx, pinned)
-    tables = {}
-    for src in plan.sources:
-        df = ctx.inputs[src.name.lower()]
-        tables[src.name.lower()] = (df.toArrow() if inputs.get(_key(src))
-                                    else arrow_schema(df.schema).empty_table())
-        if not all(primitive(f.type) for f in tables[src.name.lower()].schema):
-            raise Unsupported("nested types")
+    try:
+        local: LocalInputs | None = read_local(pipe, lc, inputs, stats)
+        tables = local.tables
+    except Unsupported:  # read with Spark: a job per input
+        local, observed = None, read_inputs(pipe, ctx, inputs, stats)
+        tables = {}
+        for src in plan.sources:
+            df = ctx.inputs[src.name.lower()]
+            tables[src.name.lower()] = (df.toArrow() if inputs.get(_key(src))
+                                        else arrow_schema(df.schema).empty_table())
+    if not all(primitive(f.type) for t in tables.values() for f in t.schema):
+        raise Unsupported("nested types")
     delta = evaluate(plan.root, lc, tables)
     delta = delta.rename_columns([*plan.root.columns, WEIGHT])
     events = encode(pipe, delta, ctx.batch, ts_ms)
@@ -123,10 +136,22 @@ def run_in_driver(pipe: Pipeline, ctx: BatchContext, inputs: dict[str, Any],
     outputs.append(LocalOutput("changelog", lay.changelog(pipe.name),
                                events.drop_columns([BUCKET])))
     outputs.append(current(pipe, events, pinned))
+    if local is not None and local.dead:
+        dead = pa.concat_tables(local.dead)
+        n = dead.num_rows
+        outputs.append(LocalOutput("dead_letters", lay.dead_letters(pipe.name), dead.append_column(
+            "table", pa.array([pipe.name] * n, pa.string())).append_column(
+            "batch_id", pa.array([ctx.batch] * n, pa.int64())).append_column(
+            "ts_ms", pa.array([ts_ms] * n, pa.int64()))))
     versions = write_local(outputs, batch=ctx.batch, store=pipe.env.store)
     lc.settle(versions)
-    ops = Counter(events.column("op").to_pylist())
-    return versions, {op: n for op, n in ops.items() if n}
+    stats.events = dict(Counter(events.column("op").to_pylist()))
+    if local is not None:
+        local.settle(stats)
+    else:
+        write_dead_letters(pipe, settle_inputs(observed, stats), ctx.batch, ts_ms,
+                           resumed=False)
+    return versions
 
 
 def _key(src: PSource) -> str:

@@ -25,7 +25,7 @@ if TYPE_CHECKING:
 
 __all__ = ["input_specs", "read_inputs", "watermarked_inputs", "settle_inputs",
            "commit_kafka_offsets", "upstream_watermark", "advanced", "table_watermark",
-           "iso_time", "ALL_BUCKETS_BYTES", "LATE"]
+           "iso_time", "mark_late", "ALL_BUCKETS_BYTES", "LATE"]
 
 ALL_BUCKETS_BYTES = 1 << 20  # input size from which a top-N takes all its buckets as touched
 KAFKA_RECORD_BYTES = 100  # a Kafka record's size, as far as ALL_BUCKETS_BYTES is concerned
@@ -117,7 +117,7 @@ def read_inputs(pipe: Pipeline, ctx: BatchContext, inputs: dict[str, Any],
             records = ctx.persist(records)
         exprs = ["count_if(_reason IS NULL) AS good", "count_if(_reason IS NOT NULL) AS bad"]
         if sdef.watermark is not None:
-            records, timed = _late(records, sdef, watermarks.get(key))
+            records, timed = mark_late(records, sdef, watermarks.get(key))
             exprs += [f"count_if(startswith(_reason, '{LATE}')) AS late", timed]
             if pipe.table.physical.closes_windows:  # windows close in this batch: its
                 records = ctx.persist(records)  # watermark is needed before it runs
@@ -137,7 +137,7 @@ def read_inputs(pipe: Pipeline, ctx: BatchContext, inputs: dict[str, Any],
     return observed
 
 
-def _late(records: DataFrame, sdef: SourceDef, before: int | None) -> tuple[DataFrame, str]:
+def mark_late(records: DataFrame, sdef: SourceDef, before: int | None) -> tuple[DataFrame, str]:
     """``records`` with those below the watermark ``before`` (microseconds; None: no
     watermark yet) or without an event time made dead letters (keeping their raw record);
     and the SQL of an aggregate of the good records' latest event time."""

@@ -188,19 +188,19 @@ class Pipeline:
                                                        self.table.physical.state_ttl)
         jobs = JobCounter(self.spark, f"octo {self.name} batch {batch}")
         try:
-            observed = read_inputs(self, ctx, inputs, stats)
             versions = None
             if not resumed and self.driver_rows > 0 and input_rows(
                     self, inputs, self.driver_rows) is not None:
                 try:
-                    written, stats.events = run_in_driver(self, ctx, inputs, pinned, ts_ms)
+                    written = run_in_driver(self, ctx, inputs, pinned, ts_ms, stats)
                     versions, stats.path = {**pinned, **written}, "driver"
                 except Unsupported:
                     pass  # before anything was written: the Spark path runs the batch
             if versions is None:
+                observed = read_inputs(self, ctx, inputs, stats)
                 versions = self.spark_batch(ctx, pinned, ts_ms, stats, resumed=resumed)
-            write_dead_letters(self, settle_inputs(observed, stats), batch, ts_ms,
-                               resumed=resumed)
+                write_dead_letters(self, settle_inputs(observed, stats), batch, ts_ms,
+                                   resumed=resumed)
         finally:
             ctx.release()
             stats.spark_jobs = jobs.stop()

@@ -16,16 +16,21 @@ if TYPE_CHECKING:
     from pyspark.sql import DataFrame, SparkSession
     from pyspark.sql.types import StructType
 
-__all__ = ["spark_eval", "arrow_schema", "safe_keys", "key_join", "concat", "primitive"]
+__all__ = ["spark_eval", "collect_arrow", "arrow_schema", "safe_keys", "key_join", "concat", "primitive"]
 
 
 def spark_eval(spark: SparkSession, table: pa.Table,
                build: Callable[[DataFrame], DataFrame]) -> pa.Table:
     """``build`` (Spark DataFrame calls) applied to ``table`` as a local relation; the
     result as Arrow, typed as Spark types it. Projections and filters run in the driver."""
-    df = build(spark.createDataFrame(table))
+    return collect_arrow(build(spark.createDataFrame(table)), bool(table.num_rows))
+
+
+def collect_arrow(df: DataFrame, any_rows: bool = True) -> pa.Table:
+    """``df`` (projections and filters over a local relation: no Spark job) collected as
+    Arrow; ``any_rows=False``: known to be empty, only its schema is wanted."""
     schema = arrow_schema(df.schema)
-    rows = df.collect() if table.num_rows else []
+    rows = df.collect() if any_rows else []
     if not rows:
         return schema.empty_table()
     names = schema.names

@@ -1,0 +1,134 @@
+"""A driver-path batch's inputs read in the driver, with no Spark job.
+
+New JSON, Debezium JSON and Parquet files are read here and parsed by the connector's own
+Spark SQL over a local relation (``connectors/files.read_files_local``); an upstream
+table's changelog files are read with Arrow and decoded (``debezium.decode_arrow``).
+Good and bad records, late ones and the latest event time are counted from what was read,
+as the Spark path observes them (``inputs.settle_inputs``); bad records become the
+batch's dead letters. Other inputs (Kafka, CSV, ``delta`` sources, remote files) raise
+``Unsupported``: the driver path then reads them with Spark (``inputs.read_inputs``).
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any
+from urllib.parse import unquote
+
+import pyarrow as pa
+import pyarrow.compute as pc
+
+from octo_platform.columns import WEIGHT
+from octo_platform.errors import RunError
+from octo_platform.runtime.inputs import LATE, advanced, mark_late, upstream_watermark
+from octo_platform.runtime.offsets import source_key
+from octo_platform.runtime.operators.arrow import arrow_schema, collect_arrow
+from octo_platform.runtime.operators.kernels import LocalContext, Unsupported
+
+if TYPE_CHECKING:
+    from octo_platform.runtime.pipeline import BatchStats, Pipeline
+
+__all__ = ["LocalInputs", "read_local", "DEAD_LETTERS"]
+
+DEAD_LETTERS = pa.schema([("raw", pa.string()), ("source_file", pa.string()),
+                          ("source", pa.string()), ("reason", pa.string())])
+
+
+@dataclass
+class LocalInputs:
+    """Each source's weighted rows, and what the batch statistics take from the read."""
+
+    tables: dict[str, pa.Table] = field(default_factory=dict)
+    dead: list[pa.Table] = field(default_factory=list)
+    rows_in: int = 0
+    late: int = 0
+    watermarks: dict[str, int] = field(default_factory=dict)
+
+    def settle(self, stats: BatchStats) -> None:
+        stats.rows_in += self.rows_in
+        stats.dead_letters += sum(t.num_rows for t in self.dead)
+        stats.late_rows += self.late
+        stats.watermarks.update(self.watermarks)
+
+
+def read_local(pipe: Pipeline, lc: LocalContext, inputs: dict[str, Any],
+               stats: BatchStats) -> LocalInputs:
+    """Read the batch's inputs in the driver (``stats``: only read, for the watermarks the
+    batch begins with); ``Unsupported`` for an input only Spark reads."""
+    out = LocalInputs()
+    for src in pipe.table.physical.sources:
+        key = source_key(src.kind, src.name)
+        got = inputs.get(key)
+        if src.kind == "table":
+            rows = _upstream(pipe, src, got)
+            mark = upstream_watermark(pipe, src, got)
+            if mark is not None:
+                out.watermarks[key] = mark
+            out.rows_in += rows.num_rows
+            out.tables[src.name.lower()] = rows
+            continue
+        sdef = pipe.project.source(src.name)
+        if sdef.connector != "files":
+            raise Unsupported(f"{sdef.connector} sources")
+        fsrc = pipe.env.file_source(sdef, pipe.project.source_path(sdef))
+        files = (got or {}).get("files", [])
+        if not files:
+            out.tables[src.name.lower()] = lc.once(f"empty:{key}", lambda: arrow_schema(
+                _rows_frame(pipe, fsrc)).empty_table())
+            continue
+        try:
+            parsed = pipe.env.read_files_local(lc.spark, fsrc, files)
+        except LookupError as e:
+            raise Unsupported(str(e)) from e
+        records = parsed.records
+        if sdef.watermark is not None:
+            records, _ = mark_late(records, sdef, stats.watermarks.get(key))
+            time = sdef.watermark.time_sql(sdef.format == "debezium-json")
+            records = records.selectExpr("*", f"unix_micros({time}) AS _t")
+        got_rows = collect_arrow(records)
+        good = got_rows.filter(pc.is_null(got_rows["_reason"]))
+        bad = got_rows.filter(pc.is_valid(got_rows["_reason"]))
+        if sdef.watermark is not None:
+            out.late += pc.sum(pc.starts_with(bad["_reason"], LATE)).as_py() or 0
+            latest = pc.max(good["_t"]).as_py() if good.num_rows else None
+            mark = advanced(stats.watermarks.get(key), latest, sdef.watermark.delay_us)
+            if mark is not None:
+                out.watermarks[key] = mark
+        out.rows_in += good.num_rows
+        if bad.num_rows:
+            out.dead.append(pa.table([bad["_raw"], bad["_file"],
+                                      pa.array([src.name] * bad.num_rows, pa.string()),
+                                      bad["_reason"]], schema=DEAD_LETTERS))
+        if sdef.format == "debezium-json":
+            rows = pipe.env.decode_changelog_arrow(good, src.columns)
+        else:
+            rows = good.select(list(sdef.columns)).append_column(
+                WEIGHT, pa.array([1] * good.num_rows, pa.int64()))
+        out.tables[src.name.lower()] = rows
+    return out
+
+
+def _rows_frame(pipe: Pipeline, fsrc: Any):
+    """The (empty) weighted rows a file source yields, for their Spark schema."""
+    parsed = pipe.env.read_files(pipe.spark, fsrc, [])
+    return parsed.rows(parsed.records).schema
+
+
+def _upstream(pipe: Pipeline, src: Any, got: dict[str, Any] | None) -> pa.Table:
+    """Weighted rows of an upstream table's change events between two versions."""
+    import pyarrow.parquet as pq
+
+    upstream = pipe.project.table(src.name)
+    path = pipe.layout.changelog(upstream.name)
+    files = pipe.env.store.added_files(path, got["from"], got["to"]) if got else []
+    local = [unquote(f.removeprefix("file://")) for f in files]
+    if any("://" in f for f in local):
+        raise Unsupported("a remote warehouse")
+    if local:
+        events = pa.concat_tables([pq.read_table(f) for f in local])
+    else:
+        schema = pipe.env.store.arrow_schema(path)
+        if schema is None:
+            raise RunError(f"{pipe.name}: upstream table {upstream.name!r} has no changelog "
+                           "yet; run it first")
+        events = schema.empty_table()
+    return pipe.env.decode_changelog_arrow(events, src.columns)
