@@ -21,7 +21,7 @@ from octo_platform.sqltext import quote, sql_expr
 if TYPE_CHECKING:
     from pyspark.sql import DataFrame, SparkSession
 
-    from octo_platform.runtime.offsets import Store
+    from octo_platform.runtime.environment import Store
 
 __all__ = ["DeltaSource"]
 

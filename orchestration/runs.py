@@ -11,7 +11,7 @@ import dagster as dg
 if TYPE_CHECKING:
     import pyarrow as pa
 
-    from octo_platform.runtime.pipeline import BatchStats
+    from octo_platform.runtime.stats import BatchStats
     from octo_platform.runtime.status import TableStatus
 
 __all__ = ["run_metadata", "backlog_metadata", "watermark_metadata", "column_schema"]

@@ -115,7 +115,9 @@ def test_run_until_idle_with_spark_conf_then_continuous_with_ctrl_c(tmp_path):
         f"spark.eventLog.dir  {events.as_uri()}\n"
         "spark.eventLog.rolling.enabled false\nspark.eventLog.compress false\n"
         "spark.sql.shuffle.partitions=3\nspark.driver.maxResultSize 5m\n")
-    res = octo("run", "--all", "--until-idle", "--project", str(root),
+    # --driver-rows 0: the batch runs as Spark jobs (a small one would run in the driver,
+    # with no shuffle to show the setting).
+    res = octo("run", "--all", "--until-idle", "--project", str(root), "--driver-rows", "0",
                "--conf", "spark.driver.maxResultSize=1m", "--conf", "spark.octo.probe=a=b",
                cwd=tmp_path.parent, env_extra={"SPARK_CONF_DIR": str(conf_dir)})
     assert res.returncode == 0, res.stderr

@@ -51,7 +51,8 @@ from octo_platform.runtime.writes import LocalOutput, write_local
 from octo_platform.sqltext import quote, unquote
 
 if TYPE_CHECKING:
-    from octo_platform.runtime.pipeline import BatchStats, Pipeline
+    from octo_platform.runtime.stats import BatchStats
+    from octo_platform.runtime.table_run import TableRun
 
 __all__ = ["DEFAULT_DRIVER_ROWS", "plan_runs_in_driver", "input_rows", "run_in_driver",
            "Unsupported"]
@@ -69,7 +70,7 @@ def plan_runs_in_driver(plan: PhysicalPlan) -> bool:
                for n in plan.operators)
 
 
-def input_rows(pipe: Pipeline, inputs: dict[str, Any], limit: int) -> int | None:
+def input_rows(pipe: TableRun, inputs: dict[str, Any], limit: int) -> int | None:
     """Rows the batch reads, from metadata (no data read but small text files' lines);
     None when unknown or clearly above ``limit``."""
     import pyarrow.parquet as pq
@@ -105,7 +106,7 @@ def input_rows(pipe: Pipeline, inputs: dict[str, Any], limit: int) -> int | None
     return total
 
 
-def run_in_driver(pipe: Pipeline, ctx: BatchContext, inputs: dict[str, Any],
+def run_in_driver(pipe: TableRun, ctx: BatchContext, inputs: dict[str, Any],
                   pinned: dict[str, int | None], ts_ms: int,
                   stats: BatchStats) -> dict[str, int | None]:
     """Run the batch in the driver: the new versions of the tables it wrote (``stats``
@@ -201,7 +202,7 @@ def _columns(step: tuple, table: pa.Table) -> list[str] | None:
     return [*picked, WEIGHT]  # type: ignore[list-item]
 
 
-def encode(pipe: Pipeline, delta: pa.Table, batch: int, ts_ms: int) -> pa.Table:
+def encode(pipe: TableRun, delta: pa.Table, batch: int, ts_ms: int) -> pa.Table:
     """Change events of the batch's Δ, as ``connectors.debezium.encode``/``encode_keyed``
     make them: weights consolidated; with a primary key, the i-th retraction and the i-th
     insertion of a key (in the order of their values) become one ``u``."""
@@ -250,7 +251,7 @@ def _spark_order(values: tuple) -> tuple:
     return tuple((v is not None, v) for v in values)
 
 
-def current(pipe: Pipeline, events: pa.Table, pinned: dict[str, int | None]) -> LocalOutput:
+def current(pipe: TableRun, events: pa.Table, pinned: dict[str, int | None]) -> LocalOutput:
     """The current-state rows of the buckets the events fall in (``_bucket``), as
     ``sink.update_current`` makes them; an append-only table appends its new rows."""
     path = pipe.layout.current(pipe.name)

@@ -25,7 +25,8 @@ from octo_platform.runtime.operators.arrow import arrow_schema, collect_arrow
 from octo_platform.runtime.operators.kernels import LocalContext, Unsupported
 
 if TYPE_CHECKING:
-    from octo_platform.runtime.pipeline import BatchStats, Pipeline
+    from octo_platform.runtime.stats import BatchStats
+    from octo_platform.runtime.table_run import TableRun
 
 __all__ = ["LocalInputs", "read_local", "DEAD_LETTERS"]
 
@@ -50,7 +51,7 @@ class LocalInputs:
         stats.watermarks.update(self.watermarks)
 
 
-def read_local(pipe: Pipeline, lc: LocalContext, inputs: dict[str, Any],
+def read_local(pipe: TableRun, lc: LocalContext, inputs: dict[str, Any],
                stats: BatchStats) -> LocalInputs:
     """Read the batch's inputs in the driver (``stats``: only read, for the watermarks the
     batch begins with); ``Unsupported`` for an input only Spark reads."""
@@ -107,13 +108,13 @@ def read_local(pipe: Pipeline, lc: LocalContext, inputs: dict[str, Any],
     return out
 
 
-def _rows_frame(pipe: Pipeline, fsrc: Any):
+def _rows_frame(pipe: TableRun, fsrc: Any):
     """The (empty) weighted rows a file source yields, for their Spark schema."""
     parsed = pipe.env.read_files(pipe.spark, fsrc, [])
     return parsed.rows(parsed.records).schema
 
 
-def _upstream(pipe: Pipeline, src: Any, got: dict[str, Any] | None) -> pa.Table:
+def _upstream(pipe: TableRun, src: Any, got: dict[str, Any] | None) -> pa.Table:
     """Weighted rows of an upstream table's change events between two versions."""
     import pyarrow.parquet as pq
 

@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import os
 from dataclasses import dataclass
-from datetime import datetime, timedelta
 from typing import TYPE_CHECKING, Any
 
 from octo_platform.errors import RunError
@@ -16,16 +15,17 @@ from octo_platform.runtime.layout import Layout
 from octo_platform.runtime.metrics import metrics, observe
 from octo_platform.runtime.offsets import BatchLog, InputSpec, source_key
 from octo_platform.runtime.operators import BatchContext
+from octo_platform.runtime.stats import BatchStats, iso_time, table_watermark
 from octo_platform.sqltext import quote
 
 if TYPE_CHECKING:
     from pyspark.sql import DataFrame
 
-    from octo_platform.runtime.pipeline import BatchStats, Pipeline
+    from octo_platform.runtime.table_run import TableRun
 
 __all__ = ["input_specs", "read_inputs", "watermarked_inputs", "settle_inputs",
-           "commit_kafka_offsets", "upstream_watermark", "advanced", "table_watermark",
-           "iso_time", "mark_late", "ALL_BUCKETS_BYTES", "LATE"]
+           "commit_kafka_offsets", "upstream_watermark", "advanced",
+           "mark_late", "ALL_BUCKETS_BYTES", "LATE"]
 
 ALL_BUCKETS_BYTES = 1 << 20  # input size from which a top-N takes all its buckets as touched
 KAFKA_RECORD_BYTES = 100  # a Kafka record's size, as far as ALL_BUCKETS_BYTES is concerned
@@ -61,7 +61,7 @@ def watermarked_inputs(project: Project, table: CompiledTable) -> int:
                    else project.table(src.name).definition.event_time) is not None)
 
 
-def read_inputs(pipe: Pipeline, ctx: BatchContext, inputs: dict[str, Any],
+def read_inputs(pipe: TableRun, ctx: BatchContext, inputs: dict[str, Any],
                 stats: BatchStats) -> list[_Observed]:
     """Register each source's weighted rows in ``ctx``.
 
@@ -167,17 +167,6 @@ def advanced(before: int | None, latest: int | None, delay_us: int) -> int | Non
     return max(marks) if marks else None
 
 
-def table_watermark(marks: dict[str, int], sources: int) -> int | None:
-    """A table's watermark: the least of its ``sources`` watermarked sources' ``marks``
-    (None until each of them has one)."""
-    return min(marks.values()) if sources and len(marks) >= sources else None
-
-
-def iso_time(micros: int) -> str:
-    """A watermark (microseconds since the epoch) as UTC text, as Spark shows timestamps."""
-    return (datetime(1970, 1, 1) + timedelta(microseconds=micros)).isoformat(sep=" ")
-
-
 def settle_inputs(observed: list[_Observed], stats: BatchStats) -> list[DataFrame]:
     """Good/bad/late record counts and each watermarked source's new watermark (observed
     while the batch's write job read the inputs), and the dead-letter frames."""
@@ -198,7 +187,7 @@ def settle_inputs(observed: list[_Observed], stats: BatchStats) -> list[DataFram
     return dead
 
 
-def commit_kafka_offsets(pipe: Pipeline, inputs: dict[str, Any]) -> None:
+def commit_kafka_offsets(pipe: TableRun, inputs: dict[str, Any]) -> None:
     """After a batch's commit, its Kafka ranges' ends as the table's consumer-group offsets
     (for lag tools). Best effort: the batch log is the source of truth, so a failure here
     is reported and the run goes on."""
@@ -217,7 +206,7 @@ def commit_kafka_offsets(pipe: Pipeline, inputs: dict[str, Any]) -> None:
                               f"the batch log): {e}")
 
 
-def upstream_watermark(pipe: Pipeline, src: PSource, got: dict[str, Any] | None
+def upstream_watermark(pipe: TableRun, src: PSource, got: dict[str, Any] | None
                        ) -> int | None:
     """An upstream table's watermark as of the changelog version this batch reads up to
     (the last of its batches that committed at most that version), when the table passes
@@ -234,7 +223,7 @@ def upstream_watermark(pipe: Pipeline, src: PSource, got: dict[str, Any] | None
     return None
 
 
-def upstream_changes(pipe: Pipeline, src: PSource, got: dict[str, Any] | None
+def upstream_changes(pipe: TableRun, src: PSource, got: dict[str, Any] | None
                      ) -> tuple[DataFrame, list[str]]:
     """Weighted rows of the upstream table's change events between two versions, and
     the changelog files they come from."""

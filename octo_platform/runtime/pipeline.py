@@ -13,7 +13,6 @@ through its own batch log).
 from __future__ import annotations
 
 import time
-from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Callable
 
 from octo_platform.errors import RunError
@@ -29,10 +28,8 @@ from octo_platform.runtime.environment import Environment
 from octo_platform.runtime.inputs import (
     commit_kafka_offsets,
     input_specs,
-    iso_time,
     read_inputs,
     settle_inputs,
-    table_watermark,
     watermarked_inputs,
 )
 from octo_platform.runtime.layout import Layout, ScratchLayout
@@ -43,56 +40,15 @@ from octo_platform.runtime.publish import RECOMPUTED, publish_recomputed
 from octo_platform.runtime.sink import encode, update_current, write_batch, write_dead_letters
 from octo_platform.runtime.sinks import SinkRunner, SinkStats
 from octo_platform.runtime.state_log import STATE_FORMAT
+from octo_platform.runtime.stats import BatchStats
 
 if TYPE_CHECKING:
     from pyspark.sql import SparkSession
 
-__all__ = ["BatchStats", "Pipeline", "DEFAULT_BUCKETS"]
+__all__ = ["BatchStats", "Pipeline", "DEFAULT_BUCKETS"]  # BatchStats: from ``stats``
 
 DEFAULT_BUCKETS = 8
 MAINTENANCE_EVERY = 25  # batches between vacuuming state and compacting the batch log
-
-
-@dataclass
-class BatchStats:
-    table: str
-    batch: int
-    rows_in: int = 0
-    events: dict[str, int] = field(default_factory=dict)
-    dead_letters: int = 0
-    seconds: float = 0.0
-    spark_jobs: int = 0  # Spark jobs the batch ran (its fixed cost is mostly these)
-    skipped: bool = False
-    sinks: list[SinkStats] = field(default_factory=list)  # sink batches published after it
-    late_rows: int = 0  # of the dead letters: records below their source's watermark
-    # Each watermarked input's watermark after the batch (microseconds since the epoch),
-    # by input key; durable in the batch's commit record.
-    watermarks: dict[str, int] = field(default_factory=dict)
-    watermarked: int = 0  # how many of the table's inputs have a watermark
-    path: str = "spark"  # where the batch ran: "driver" (small batches) or "spark"
-
-    @property
-    def watermark(self) -> int | None:
-        """The table's watermark: the least of its sources' (None until every source that
-        declares one has one)."""
-        return table_watermark(self.watermarks, self.watermarked)
-
-    def line(self) -> str:
-        ops = " ".join(f"{op}={self.events.get(op, 0)}" for op in ("c", "u", "d"))
-        late = f" ({self.late_rows} late)" if self.late_rows else ""
-        wm = "" if self.watermark is None else f", watermark {iso_time(self.watermark)}"
-        return (f"[{self.table}] batch {self.batch}: {self.rows_in} rows in, events {ops}, "
-                f"{self.dead_letters} dead letters{late}{wm}, {self.seconds:.2f}s, "
-                f"{self.spark_jobs} Spark jobs, {self.path} path")
-
-    def to_json(self) -> dict[str, Any]:
-        out = {"rows_in": self.rows_in, "events": self.events,
-               "dead_letters": self.dead_letters, "seconds": round(self.seconds, 3),
-               "spark_jobs": self.spark_jobs, "path": self.path}
-        if self.watermarked:
-            out.update(late_rows=self.late_rows, watermark=None if self.watermark is None
-                       else iso_time(self.watermark))
-        return out
 
 
 class Pipeline:

@@ -19,14 +19,15 @@ from octo_platform.sqltext import quote
 if TYPE_CHECKING:
     from pyspark.sql import DataFrame
 
-    from octo_platform.runtime.pipeline import BatchStats, Pipeline
+    from octo_platform.runtime.stats import BatchStats
+    from octo_platform.runtime.table_run import TableRun
 
 __all__ = ["recompute_diff", "publish_recomputed", "RECOMPUTED"]
 
 RECOMPUTED = "recompute"  # key of a batch-log intent that publishes a recomputation
 
 
-def recompute_diff(pipe: Pipeline, scratch: Layout, pinned: dict[str, int | None]) -> DataFrame:
+def recompute_diff(pipe: TableRun, scratch: Layout, pinned: dict[str, int | None]) -> DataFrame:
     """Weighted rows turning the current table (as of ``pinned``) into ``scratch``'s."""
     cols = [quote(c) for c in pipe.table.physical.root.columns]
     w = quote(WEIGHT)
@@ -43,7 +44,7 @@ def recompute_diff(pipe: Pipeline, scratch: Layout, pinned: dict[str, int | None
     return consolidate(old.unionByName(new), cols)
 
 
-def publish_recomputed(pipe: Pipeline, batch: int, spec: dict[str, Any],
+def publish_recomputed(pipe: TableRun, batch: int, spec: dict[str, Any],
                        pinned: dict[str, int | None], ts_ms: int, stats: BatchStats,
                        started: float) -> BatchStats:
     """Batch ``batch`` of a recomputation: the difference between the current table and
@@ -87,7 +88,7 @@ def publish_recomputed(pipe: Pipeline, batch: int, spec: dict[str, Any],
     return stats
 
 
-def read_whole(pipe: Pipeline, path: str) -> tuple[DataFrame, bool]:
+def read_whole(pipe: TableRun, path: str) -> tuple[DataFrame, bool]:
     """The latest version of a table and whether it is ``_bucket``-partitioned (the
     column is then included, taken from the files' partition folders)."""
     from pyspark.sql.pandas.types import from_arrow_schema

@@ -35,7 +35,8 @@ from octo_platform.project import Project, load_project
 from octo_platform.runtime.layout import Layout, ScratchLayout
 from octo_platform.runtime.environment import Environment
 from octo_platform.runtime.options import RunOptions, resolve_warehouse
-from octo_platform.runtime.pipeline import BatchStats, Pipeline
+from octo_platform.runtime.pipeline import Pipeline
+from octo_platform.runtime.stats import BatchStats
 from octo_platform.runtime.publish import RECOMPUTED, recompute_diff
 from octo_platform.runtime.runner import RunReport, lock_tables, open_project, run_tables
 

@@ -42,7 +42,8 @@ from octo_platform.project import Project, load_project
 from octo_platform.runtime.layout import Layout
 from octo_platform.runtime.offsets import available, next_inputs
 from octo_platform.runtime.options import RunOptions
-from octo_platform.runtime.pipeline import BatchStats, Pipeline
+from octo_platform.runtime.pipeline import Pipeline
+from octo_platform.runtime.stats import BatchStats
 from octo_platform.runtime.sinks import SinkRunner, SinkStats
 
 if TYPE_CHECKING:

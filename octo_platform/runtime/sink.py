@@ -15,7 +15,7 @@ from octo_platform.sqltext import quote, sql_expr
 if TYPE_CHECKING:
     from pyspark.sql import DataFrame
 
-    from octo_platform.runtime.pipeline import Pipeline
+    from octo_platform.runtime.table_run import TableRun
 
 __all__ = ["Events", "encode", "write_batch", "update_current", "write_dead_letters"]
 
@@ -25,7 +25,7 @@ _CB = "_cb"  # an event's bucket in the current-state table (reported, not writt
 APPENDS_PER_BUCKET = 8
 
 
-def encode(pipe: Pipeline, ctx: BatchContext, delta: DataFrame, ts_ms: int,
+def encode(pipe: TableRun, ctx: BatchContext, delta: DataFrame, ts_ms: int,
            pinned: dict[str, int | None]) -> Events:
     """Δ encoded as change events, each with the ``_bucket`` of its row in the
     current-state table (bucketed by primary key, or the whole row) as ``_cb``."""
@@ -47,7 +47,7 @@ def encode(pipe: Pipeline, ctx: BatchContext, delta: DataFrame, ts_ms: int,
     return Events(events, appended)
 
 
-def restarted(pipe: Pipeline, delta: DataFrame, pinned: dict[str, int | None]) -> DataFrame:
+def restarted(pipe: TableRun, delta: DataFrame, pinned: dict[str, int | None]) -> DataFrame:
     """``state_ttl``: a key whose state was forgotten starts afresh, so Δ inserts its row
     without retracting the one the table holds; add that retraction from the current
     state (the change becomes a ``u``, never a second row for the key)."""
@@ -69,12 +69,12 @@ def restarted(pipe: Pipeline, delta: DataFrame, pinned: dict[str, int | None]) -
     return delta.unionByName(old)
 
 
-def current_key(pipe: Pipeline) -> list[str]:
+def current_key(pipe: TableRun) -> list[str]:
     plan = pipe.table.physical
     return list(plan.pk) if plan.pk is not None else list(plan.root.columns)
 
 
-def event_bucket(pipe: Pipeline) -> str:
+def event_bucket(pipe: TableRun) -> str:
     """SQL of a change event's bucket in the current-state table (as ``bucket_sql``)."""
     key = current_key(pipe)
     if not key:
@@ -83,7 +83,7 @@ def event_bucket(pipe: Pipeline) -> str:
     return f"pmod(hash({ref}), {pipe.buckets})"
 
 
-def write_batch(pipe: Pipeline, ctx: BatchContext, events: Events,
+def write_batch(pipe: TableRun, ctx: BatchContext, events: Events,
                 pinned: dict[str, int | None], *, resumed: bool) -> Written:
     """Write the batch's changelog and operator state in one Spark job and commit each
     table once (idempotently; ``resumed`` as in ``write_outputs``)."""
@@ -101,7 +101,7 @@ def write_batch(pipe: Pipeline, ctx: BatchContext, events: Events,
     return write_outputs(outputs, batch=ctx.batch, store=pipe.env.store, resumed=resumed)
 
 
-def appends_current(pipe: Pipeline, pinned: dict[str, int | None]) -> bool:
+def appends_current(pipe: TableRun, pinned: dict[str, int | None]) -> bool:
     """An append-only table's current state is every row it inserted: the write job
     appends the batch's rows to it, no rewrite, until it holds ``APPENDS_PER_BUCKET``
     files per bucket (then ``update_current`` rewrites the buckets the batch touches)."""
@@ -111,7 +111,7 @@ def appends_current(pipe: Pipeline, pinned: dict[str, int | None]) -> bool:
     return len(files) < APPENDS_PER_BUCKET * pipe.buckets
 
 
-def update_current(pipe: Pipeline, batch: int, events: Events, written: Written,
+def update_current(pipe: TableRun, batch: int, events: Events, written: Written,
                    pinned: dict[str, int | None], *, resumed: bool) -> int | None:
     """Rewrite the current-state buckets this batch's events fall in: their old rows
     plus the events (read back from the changelog files the batch added). The new
@@ -157,7 +157,7 @@ def update_current(pipe: Pipeline, batch: int, events: Events, written: Written,
                          batch=batch, store=store, resumed=resumed).versions["current"]
 
 
-def write_dead_letters(pipe: Pipeline, dead: list[DataFrame], batch: int, ts_ms: int, *,
+def write_dead_letters(pipe: TableRun, dead: list[DataFrame], batch: int, ts_ms: int, *,
                        resumed: bool) -> None:
     """Append the batch's bad records (if any) to the table's dead-letter table."""
     if not dead:

@@ -23,7 +23,8 @@ from octo_platform.frontend.definitions import SinkDef
 from octo_platform.project import Project
 from octo_platform.runtime.environment import Environment
 from octo_platform.runtime.layout import Layout
-from octo_platform.runtime.offsets import BatchLog, Store
+from octo_platform.runtime.environment import Store
+from octo_platform.runtime.offsets import BatchLog
 from octo_platform.runtime.writes import file_batch
 
 if TYPE_CHECKING:

@@ -18,7 +18,7 @@ from collections.abc import Callable, Iterator
 from typing import TYPE_CHECKING, Any, Literal
 
 from octo_platform.columns import BUCKET
-from octo_platform.runtime.offsets import Store
+from octo_platform.runtime.environment import Store
 from octo_platform.sqltext import quote
 
 if TYPE_CHECKING:
