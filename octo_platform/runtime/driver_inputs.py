@@ -124,12 +124,11 @@ def _upstream(pipe: TableRun, src: Any, got: dict[str, Any] | None) -> pa.Table:
     local = [unquote(f.removeprefix("file://")) for f in files]
     if any("://" in f for f in local):
         raise Unsupported("a remote warehouse")
-    if local:
-        events = pa.concat_tables([pq.read_table(f) for f in local])
-    else:
-        schema = pipe.env.store.arrow_schema(path)
-        if schema is None:
-            raise RunError(f"{pipe.name}: upstream table {upstream.name!r} has no changelog "
-                           "yet; run it first")
-        events = schema.empty_table()
+    schema = pipe.env.store.arrow_schema(path)
+    if schema is None:
+        raise RunError(f"{pipe.name}: upstream table {upstream.name!r} has no changelog "
+                       "yet; run it first")
+    # Files of either path (their nullability differs) as the table's schema.
+    events = pa.concat_tables([pq.read_table(f).cast(schema) for f in local]) if local \
+        else schema.empty_table()
     return pipe.env.decode_changelog_arrow(events, src.columns)

@@ -7,6 +7,7 @@ semantics in the driver, with no second SQL dialect to drift from Spark's.
 """
 from __future__ import annotations
 
+from decimal import Decimal
 from typing import TYPE_CHECKING, Callable
 
 import pyarrow as pa
@@ -68,6 +69,10 @@ def _zero(t: pa.DataType) -> pa.Scalar:
         return pa.scalar(b"", t)
     if pa.types.is_boolean(t):
         return pa.scalar(False)
+    if pa.types.is_date32(t):
+        return pa.array([0], pa.int32()).cast(t)[0]
+    if pa.types.is_decimal(t):
+        return pa.scalar(Decimal(0), t)
     return pa.array([0], pa.int64()).cast(t)[0]
 
 
