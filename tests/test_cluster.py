@@ -126,8 +126,11 @@ def test_join_and_nested_aggregate_on_a_standalone_cluster(cluster, spark, tmp_p
             write_lines(tmp_path / "data" / name, f"r{round_no}.json",
                         feed.lines(rng.randint(8, 15), bad=round_no % 2))
         started = time.monotonic()
+        # Even rounds run their batches as Spark jobs on the cluster (--driver-rows 0), odd
+        # ones in the driver (small batches), each path reading the state the other wrote.
         res = subprocess.run(
             [str(BIN / "octo"), "run", "--all", "--until-idle", "--master", cluster.url,
+             "--driver-rows", "0" if round_no % 2 == 0 else "10000",
              "--project", str(tmp_path), "--conf", "spark.sql.shuffle.partitions=2",
              "--conf", f"spark.driver.extraJavaOptions={QUICK_JVM}",
              "--conf", f"spark.executor.extraJavaOptions={QUICK_JVM}"],
@@ -136,11 +139,13 @@ def test_join_and_nested_aggregate_on_a_standalone_cluster(cluster, spark, tmp_p
         print(f"round {round_no}: octo run on the cluster took "
               f"{time.monotonic() - started:.1f} s")
         assert "[by_count] batch" in res.stdout, res.stdout
+        assert ("driver path" if round_no % 2 else "spark path") in res.stdout, res.stdout
         inputs = {name: feed.relation() for name, feed in feeds.items()}
         check_tables(spark, tmp_path / "warehouse", SQL, inputs, keyed, round_no)
-    # Every round was an application whose tasks ran in an executor of the worker.
+    # Every round was an application of the cluster; those of the Spark path ran their
+    # tasks in an executor of the worker.
     apps = sorted(cluster.work.iterdir())
     assert len(apps) == ROUNDS, apps
-    for app in apps:
+    for app in apps[::2]:
         logs = "".join(p.read_text(errors="replace") for p in app.glob("*/stderr"))
         assert "Running task" in logs, f"{app}: no task ran on the cluster's executor"
