@@ -10,27 +10,41 @@ does not parse becomes a dead letter whose ``source_file`` is ``topic/partition@
 
 Options: ``bootstrap_servers``, ``topic``, ``format``, ``primary_key``, ``startup``
 (``earliest``, the default, or ``latest``: where the first batch starts),
-``max_records_per_batch`` and any librdkafka property as ``kafka.<name>`` (security
-settings included; their values are never printed).
+``max_records_per_batch``, ``broker_timeout`` and any librdkafka property as
+``kafka.<name>`` (security settings included; their values are never printed).
+
+Every call to a broker that fails (metadata, watermarks, a fetch, an offset commit; and a
+sink's deliveries, ``kafka_sink.py``) raises a ``RunError`` naming the source or sink, its
+topic and brokers, and the call, with Kafka's own message (``failure``). A broker that does
+not answer is waited for ``broker_timeout`` (``KafkaTopic.wait_s``), calls retried within it.
 """
 from __future__ import annotations
 
+import re
 import time
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, ClassVar, Iterator
 
 from connectors.files import FileSource, Parsed, parse_json
 from octo_platform.errors import RunError
+from octo_platform.timeunits import parse_span
 
 if TYPE_CHECKING:
     import pyarrow as pa
     from pyspark.sql import DataFrame, SparkSession
 
-__all__ = ["KafkaTopic", "KafkaSource", "properties", "watermarks", "read", "commit_offsets",
-           "group_id", "to_end", "WAIT_S"]
+__all__ = ["KafkaTopic", "KafkaSource", "properties", "broker_timeout", "watermarks", "read",
+           "commit_offsets", "group_id", "to_end", "failure", "worker_error", "WAIT_S",
+           "EXECUTOR_WAIT_S"]
 
-WAIT_S = 20.0  # how long the driver waits for a broker or a topic before failing the run
-_FETCH_TIMEOUT_S = 60.0  # an executor's wait for the records of a logged range
+# broker_timeout's defaults: how long the driver waits for a broker or a topic (metadata,
+# watermarks, offset commits) before failing the run, and how long an executor waits for a
+# fetch or a sink's tail read that makes no progress, or for a sink's deliveries.
+WAIT_S = 20.0
+EXECUTOR_WAIT_S = 60.0
+# Error codes of a broker that does not answer (or cannot be reached).
+_UNANSWERED = ("_TIMED_OUT", "_TRANSPORT", "_ALL_BROKERS_DOWN", "_MSG_TIMED_OUT",
+               "_WAIT_COORD", "_RESOLVE", "_TIMED_OUT_QUEUE")
 
 
 @dataclass(frozen=True)
@@ -42,6 +56,7 @@ class KafkaTopic:
     topic: str
     bootstrap_servers: str
     properties: tuple[tuple[str, str], ...] = ()  # the kafka.<name> options, prefix removed
+    timeout_s: float | None = None  # the broker_timeout option (None: the defaults)
 
     def config(self, **extra: Any) -> dict[str, Any]:
         """The librdkafka configuration: the ``kafka.`` properties, then ``extra`` (what octo
@@ -52,11 +67,57 @@ class KafkaTopic:
         """The source or sink, topic and brokers, for messages (never a property's value)."""
         return f"{self.what} {self.name!r} (topic {self.topic!r} at {self.bootstrap_servers})"
 
+    def wait_s(self, *, executor: bool = False) -> float:
+        """How long a call waits for a broker that does not answer (``broker_timeout``)."""
+        if self.timeout_s is not None:
+            return self.timeout_s
+        return EXECUTOR_WAIT_S if executor else WAIT_S
+
 
 def properties(options: dict[str, str]) -> tuple[tuple[str, str], ...]:
     """The ``kafka.<name>`` options as librdkafka properties."""
     return tuple(sorted((k[len("kafka."):], v) for k, v in options.items()
                         if k.startswith("kafka.")))
+
+
+def broker_timeout(options: dict[str, str]) -> float | None:
+    """Seconds of the ``broker_timeout`` option (``'<n> <unit>'``), None when not given."""
+    text = options.get("broker_timeout")
+    if text is None:
+        return None
+    micros = parse_span(text)
+    if micros is None:
+        raise RunError(f"option broker_timeout: {text!r} is not '<n> <unit>'")
+    return micros / 1e6
+
+
+def failure(where: str, call: str, error: Any = None, *,
+            waited: float | None = None) -> RunError:
+    """The error of a call to a broker that failed: names the source or sink and its topic
+    and brokers (``where``), the call, and Kafka's message (``error``: a ``KafkaError`` or
+    ``KafkaException``; None when nothing came back). A broker that did not answer (within
+    ``waited`` seconds) is said to be unreachable."""
+    err = error.args[0] if type(error).__name__ == "KafkaException" and error.args else error
+    if hasattr(err, "str") and hasattr(err, "name"):
+        text, code = err.str(), err.name()
+    else:
+        text, code = ("" if err is None else str(err)), ""
+    detail = f" ({text} [{code}])" if code else f" ({text})" if text else ""
+    if err is None or code in _UNANSWERED:
+        within = f" within {waited:g}s" if waited is not None else ""
+        return RunError(f"{where}: broker not reachable: {call}: no answer{within}{detail}")
+    return RunError(f"{where}: {call} failed{detail}")
+
+
+_WORKER_ERROR = re.compile(r"octo_platform\.errors\.RunError: (.+)")
+
+
+def worker_error(error: BaseException) -> str | None:
+    """The message of the ``RunError`` an executor's task raised (a failed fetch or
+    delivery, naming its source or sink), out of the error Spark wraps it in; None if
+    ``error`` carries none."""
+    found = _WORKER_ERROR.findall(str(error))
+    return found[-1].strip() if found else None
 
 
 @dataclass(frozen=True)
@@ -73,40 +134,54 @@ class KafkaSource(KafkaTopic):
                      columns: tuple[str, ...] = (), types: tuple[str, ...] = ()
                      ) -> KafkaSource:
         return cls(name, options["topic"], options["bootstrap_servers"], properties(options),
-                   columns, types, options.get("format", "json"))
+                   broker_timeout(options), columns, types, options.get("format", "json"))
 
 
 def watermarks(source: KafkaTopic, *, wait_s: float | None = None
                ) -> dict[int, tuple[int, int]]:
     """``{partition: (low, high)}`` of the topic right now; partitions added later show up
-    on a later call. Fails with a message naming the source when the broker cannot be
-    reached or the topic does not exist within ``wait_s``."""
+    on a later call. A metadata or watermark request that fails is retried for ``wait_s``
+    (the source's or sink's ``broker_timeout``); then the run fails with a message naming
+    the source or sink and the request, when the broker cannot be reached or the topic
+    does not exist."""
     from confluent_kafka import Consumer, KafkaException, TopicPartition
 
-    wait_s = WAIT_S if wait_s is None else wait_s
+    wait_s = source.wait_s() if wait_s is None else wait_s
+    deadline = time.monotonic() + wait_s
     consumer = Consumer(source.config(**{"group.id": f"octo-{source.name}",
                                          "enable.auto.commit": False}))
+    partitions: list[int] | None = None  # once the metadata came
+    out: dict[int, tuple[int, int]] = {}  # partitions read so far (a retry goes on from them)
     try:
-        deadline = time.monotonic() + wait_s
         while True:
+            # each request waits a part of what is left, so a lost one is sent again
+            timeout = max(0.1, min(deadline - time.monotonic(), max(1.0, wait_s / 4)))
+            problem = None
             try:
-                meta = consumer.list_topics(source.topic, timeout=max(1.0, wait_s / 4))
-                topic = meta.topics.get(source.topic)
-                if topic is not None and topic.error is None and topic.partitions:
-                    break
-                problem = f"topic not found ({topic.error})" if topic is not None and \
-                    topic.error is not None else "topic not found"
+                if partitions is None:
+                    call = "metadata request"
+                    topic = consumer.list_topics(source.topic, timeout=timeout).topics.get(
+                        source.topic)
+                    if topic is not None and topic.error is None and topic.partitions:
+                        partitions = sorted(topic.partitions)
+                    else:
+                        call = f"topic not found ({topic.error})" if topic is not None and \
+                            topic.error is not None else "topic not found"
+                for p in partitions or ():
+                    if p not in out:
+                        call = f"watermark offsets of partition {p}"
+                        low, high = consumer.get_watermark_offsets(
+                            TopicPartition(source.topic, p), timeout=timeout, cached=False)
+                        out[p] = (int(low), int(high))
+                if partitions is not None:
+                    return out
             except KafkaException as e:
-                problem = f"broker not reachable ({e.args[0].str() if e.args else e})"
+                problem = e
             if time.monotonic() >= deadline:
-                raise RunError(f"{source.where()}: {problem} after {wait_s:g}s")
-            time.sleep(0.5)
-        out = {}
-        for p in sorted(topic.partitions):
-            low, high = consumer.get_watermark_offsets(TopicPartition(source.topic, p),
-                                                       timeout=wait_s, cached=False)
-            out[p] = (int(low), int(high))
-        return out
+                if problem is None:
+                    raise RunError(f"{source.where()}: {call} after {wait_s:g}s")
+                raise failure(source.where(), call, problem, waited=wait_s)
+            time.sleep(min(0.5, max(0.0, deadline - time.monotonic())))
     finally:
         consumer.close()
 
@@ -116,16 +191,34 @@ def group_id(table: str) -> str:
     return f"octo.{table}"
 
 
-def commit_offsets(source: KafkaSource, table: str, ranges: dict[str, list[int]]) -> None:
+def commit_offsets(source: KafkaSource, table: str, ranges: dict[str, list[int]], *,
+                   wait_s: float | None = None) -> None:
     """Commit the ends of a committed batch's ranges as ``table``'s consumer group offsets,
-    for lag tools to see (octo itself resumes from its batch log, never from these)."""
-    from confluent_kafka import Consumer, TopicPartition
+    for lag tools to see (octo itself resumes from its batch log, never from these). Waits
+    ``wait_s`` at most (the source's ``broker_timeout``): a synchronous commit waits for the
+    group's coordinator up to ``session.timeout.ms`` (45 s by default) and for the broker's
+    answer up to ``socket.timeout.ms``. (Not an ``AdminClient``: one whose request timed out
+    aborts the process when the broker answers later, in librdkafka 2.16.0.)"""
+    from confluent_kafka import Consumer, KafkaException, TopicPartition
 
-    consumer = Consumer(source.config(**{"group.id": group_id(table),
-                                         "enable.auto.commit": False}))
+    wait_ms = max(1000, int((source.wait_s() if wait_s is None else wait_s) * 1000))
+    group = group_id(table)
+    call = f"offset commit of consumer group {group!r}"
     try:
-        consumer.commit(offsets=[TopicPartition(source.topic, int(p), int(stop))
-                                 for p, (_, stop) in ranges.items()], asynchronous=False)
+        consumer = Consumer(source.config(**{
+            "group.id": group, "enable.auto.commit": False, "session.timeout.ms": wait_ms,
+            "socket.timeout.ms": wait_ms}))
+    except KafkaException as e:
+        raise failure(source.where(), call, e) from None
+    try:
+        done = consumer.commit(offsets=[TopicPartition(source.topic, int(p), int(stop))
+                                        for p, (_, stop) in ranges.items()],
+                               asynchronous=False)
+        for tp in done or ():
+            if tp.error is not None:
+                raise failure(source.where(), f"{call} (partition {tp.partition})", tp.error)
+    except KafkaException as e:
+        raise failure(source.where(), call, e, waited=wait_ms / 1000) from None
     finally:
         consumer.close()
 
@@ -154,19 +247,22 @@ def _fetcher(source: KafkaSource):
     """The ``mapInArrow`` function fetching each range of its input rows. Runs on executors."""
     config = source.config(**{"group.id": f"octo-{source.name}", "enable.auto.commit": False,
                               "enable.partition.eof": True, "auto.offset.reset": "error"})
-    topic, where = source.topic, source.where()
+    topic, where, wait_s = source.topic, source.where(), source.wait_s(executor=True)
 
     def fetch(batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
         import pyarrow as pa
-        from confluent_kafka import Consumer, TopicPartition
+        from confluent_kafka import Consumer, KafkaException, TopicPartition
 
-        consumer = Consumer(config)
+        try:
+            consumer = Consumer(config)
+        except KafkaException as e:
+            raise failure(where, "fetch (a consumer)", e) from None
         try:
             for rb in batches:
                 for p, start, stop in zip(*(rb.column(i).to_pylist() for i in range(3))):
                     values, files = [], []
                     for offset, value in _range(consumer, TopicPartition(topic, p, start),
-                                                stop, where):
+                                                stop, where, wait_s):
                         if value is None:  # a tombstone: nothing to read
                             continue
                         values.append(value.decode("utf-8", errors="replace"))
@@ -178,54 +274,74 @@ def _fetcher(source: KafkaSource):
     return fetch
 
 
-def _range(consumer: Any, start: Any, stop: int, where: str) -> Iterator[tuple[int, Any]]:
-    """(offset, value) of the messages of ``[start.offset, stop)`` of one partition."""
-    from confluent_kafka import KafkaError
+def _range(consumer: Any, start: Any, stop: int, where: str,
+           wait_s: float) -> Iterator[tuple[int, Any]]:
+    """(offset, value) of the messages of ``[start.offset, stop)`` of one partition; fails
+    naming ``where`` when nothing arrives for ``wait_s``."""
+    from confluent_kafka import KafkaError, KafkaException
 
-    consumer.assign([start])
-    nxt, deadline = start.offset, time.monotonic() + _FETCH_TIMEOUT_S
-    while nxt < stop:
-        msg = consumer.poll(1.0)
-        if msg is None or (msg.error() and msg.error().code() == KafkaError._PARTITION_EOF):
-            if time.monotonic() > deadline:
-                raise RunError(f"{where}: partition {start.partition} offsets {nxt}..{stop} "
-                               f"not readable within {_FETCH_TIMEOUT_S:g}s")
-            continue
-        if msg.error():
-            raise RunError(f"{where}: partition {start.partition}: {msg.error().str()}")
-        if msg.offset() < start.offset:
-            continue
-        nxt = msg.offset() + 1  # offsets may skip (transaction markers, compaction)
-        deadline = time.monotonic() + _FETCH_TIMEOUT_S
-        if msg.offset() < stop:
-            yield msg.offset(), msg.value()
-    consumer.unassign()
+    nxt, unanswered = start.offset, None
+
+    def call() -> str:
+        return f"fetch of partition {start.partition} offsets {nxt}..{stop}"
+
+    try:
+        consumer.assign([start])
+        deadline = time.monotonic() + wait_s
+        while nxt < stop:
+            msg = consumer.poll(min(1.0, wait_s))
+            err = msg.error() if msg is not None else None
+            if msg is None or err is not None and (err.code() == KafkaError._PARTITION_EOF
+                                                   or err.name() in _UNANSWERED):
+                if err is not None and err.name() in _UNANSWERED:
+                    unanswered = err  # the client retries: wait on, up to the deadline
+                if time.monotonic() > deadline:
+                    raise failure(where, call(), unanswered, waited=wait_s)
+                continue
+            if err is not None:
+                raise failure(where, call(), err)
+            if msg.offset() < start.offset:
+                continue
+            nxt = msg.offset() + 1  # offsets may skip (transaction markers, compaction)
+            deadline = time.monotonic() + wait_s
+            if msg.offset() < stop:
+                yield msg.offset(), msg.value()
+        consumer.unassign()
+    except KafkaException as e:
+        raise failure(where, call(), e, waited=wait_s) from None
 
 
 def to_end(config: dict[str, Any], topic: str, partition: int, start: int, where: str, *,
-           wait_s: float = _FETCH_TIMEOUT_S) -> Iterator[Any]:
+           wait_s: float = EXECUTOR_WAIT_S) -> Iterator[Any]:
     """The messages of ``partition`` from offset ``start`` to its end: read until the
     broker says end-of-partition, not to the high watermark (a broker may report that short
     of its last record batch). ``config`` needs ``enable.partition.eof``; fails naming
     ``where`` when nothing arrives for ``wait_s``."""
-    from confluent_kafka import Consumer, KafkaError, TopicPartition
+    from confluent_kafka import Consumer, KafkaError, KafkaException, TopicPartition
 
-    consumer = Consumer(config)
+    call, unanswered = f"read of partition {partition} from offset {start} to its end", None
+    try:
+        consumer = Consumer(config)
+    except KafkaException as e:
+        raise failure(where, call, e) from None
     try:
         consumer.assign([TopicPartition(topic, partition, start)])
         deadline = time.monotonic() + wait_s
         while True:
-            msg = consumer.poll(1.0)
-            if msg is None:
+            msg = consumer.poll(min(1.0, wait_s))
+            err = msg.error() if msg is not None else None
+            if msg is None or err is not None and err.name() in _UNANSWERED:
+                unanswered = err or unanswered  # the client retries: wait on, up to the deadline
                 if time.monotonic() > deadline:
-                    raise RunError(f"{where}: partition {partition} from offset {start} not "
-                                   f"readable within {wait_s:g}s")
+                    raise failure(where, call, unanswered, waited=wait_s)
                 continue
-            if msg.error():
-                if msg.error().code() == KafkaError._PARTITION_EOF:
+            if err is not None:
+                if err.code() == KafkaError._PARTITION_EOF:
                     return
-                raise RunError(f"{where}: partition {partition}: {msg.error().str()}")
+                raise failure(where, call, err)
             deadline = time.monotonic() + wait_s
             yield msg
+    except KafkaException as e:
+        raise failure(where, call, e, waited=wait_s) from None
     finally:
         consumer.close()

@@ -17,13 +17,18 @@ interrupted is redone with ``resume=True`` (and a task Spark retries behaves the
 task first reads its partitions from the offsets logged before the first attempt
 (``starts``) and skips the events whose identity is already there. This needs no
 transactions and no ``read_committed``; it needs ``spark.speculation`` off (checked).
+
+A broker that does not answer fails the run with a message naming the sink and the call:
+the driver's watermark request, a task's deliveries (``message.timeout.ms``, by default the
+sink's ``broker_timeout`` when it has one) or its tail read (``broker_timeout``).
 """
 from __future__ import annotations
 
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, ClassVar, Iterator
 
-from connectors.kafka import KafkaTopic, properties, to_end
+from connectors.kafka import (KafkaTopic, broker_timeout, failure, properties, to_end,
+                              worker_error)
 from octo_platform.errors import RunError
 from octo_platform.sqltext import quote
 
@@ -36,7 +41,6 @@ __all__ = ["KafkaSink", "publish", "SEQ"]
 SEQ = "_seq"  # the events' column holding each event's sequence number within its batch
 # Defaults a sink's kafka.<name> options may override.
 _DEFAULTS = {"linger.ms": 5, "message.timeout.ms": 60_000, "compression.type": "lz4"}
-_TAIL_WAIT_S = 60.0  # a resumed task's wait for the messages already in its partition
 
 
 @dataclass(frozen=True)
@@ -52,10 +56,16 @@ class KafkaSink(KafkaTopic):
     def from_options(cls, name: str, options: dict[str, str], *, table: str,
                      key: tuple[str, ...] | None) -> KafkaSink:
         return cls(name, options["topic"], options["bootstrap_servers"], properties(options),
-                   table, tuple(key or ()), options.get("tombstones", "false") == "true")
+                   broker_timeout(options), table, tuple(key or ()),
+                   options.get("tombstones", "false") == "true")
 
     def producer_config(self) -> dict[str, Any]:
-        return {**_DEFAULTS, **self.config(**{"enable.idempotence": True, "acks": "all"})}
+        """The defaults (``message.timeout.ms``: ``broker_timeout`` when given), then the
+        ``kafka.`` properties, then what octo relies on."""
+        waits = {} if self.timeout_s is None else \
+            {"message.timeout.ms": max(1, int(self.timeout_s * 1000))}
+        return {**_DEFAULTS, **waits,
+                **self.config(**{"enable.idempotence": True, "acks": "all"})}
 
 
 def publish(sink: KafkaSink, events: DataFrame, *, starts: dict[int, int],
@@ -81,8 +91,14 @@ def publish(sink: KafkaSink, events: DataFrame, *, starts: dict[int, int],
     rows = rows.selectExpr("*", f"CAST(pmod(xxhash64({spread}), {partitions}) AS INT) AS part")
     tasks = min(partitions, spark.sparkContext.defaultParallelism * 2)
     ordered = rows.repartition(tasks, "part").sortWithinPartitions("part", "batch_id", "seq")
-    got = ordered.mapInArrow(_publisher(sink, starts, resume),
-                             "op STRING, published BIGINT, present BIGINT").collect()
+    try:
+        got = ordered.mapInArrow(_publisher(sink, starts, resume),
+                                 "op STRING, published BIGINT, present BIGINT").collect()
+    except Exception as e:  # a task's RunError, wrapped by Spark: raised as itself
+        message = worker_error(e)
+        if message is None:
+            raise
+        raise RunError(message) from e
     counts: dict[str, int] = {"published": 0, "present": 0}
     for r in got:
         counts[r.op] = counts.get(r.op, 0) + r.published + r.present
@@ -98,7 +114,7 @@ def _publisher(sink: KafkaSink, starts: dict[int, int], resume: bool):
     reader = sink.config(**{"group.id": f"octo-sink-{sink.name}", "enable.auto.commit": False,
                             "enable.partition.eof": True, "auto.offset.reset": "earliest",
                             "fetch.wait.max.ms": 10})  # the end is what it waits for
-    tombstones = sink.tombstones
+    tombstones, tail_s = sink.tombstones, sink.wait_s(executor=True)
     flush_s = int(config["message.timeout.ms"]) / 1000 + 30
 
     def run(batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
@@ -108,13 +124,16 @@ def _publisher(sink: KafkaSink, starts: dict[int, int], resume: bool):
 
         # Spark retries a failed task (on a cluster): its earlier attempt may have sent some.
         again = resume or TaskContext.get().attemptNumber() > 0
-        failures: list[str] = []
+        failures: list[Any] = []  # KafkaErrors of messages not delivered
 
         def delivered(err: Any, _msg: Any) -> None:
             if err is not None:
-                failures.append(err.str())
+                failures.append(err)
 
-        producer = _producer(config)
+        try:
+            producer = _producer(config)
+        except KafkaException as e:
+            raise failure(where, "producer", e) from None
         present: dict[int, set[tuple[int, int, bool]]] = {}
         counts: dict[str, list[int]] = {}
         try:
@@ -123,7 +142,8 @@ def _publisher(sink: KafkaSink, starts: dict[int, int], resume: bool):
                         ("_key", "value", "op", "batch_id", "seq", "ts_ms", "part")]
                 for key, value, op, batch, seq, ts, part in zip(*cols):
                     if again and part not in present:
-                        present[part] = _published(reader, topic, part, starts[part], where)
+                        present[part] = _published(reader, topic, part, starts[part], where,
+                                                   tail_s)
                     done = present.get(part, ())
                     messages = [(value, False)]
                     if tombstones and op == "d":
@@ -145,13 +165,14 @@ def _publisher(sink: KafkaSink, starts: dict[int, int], resume: bool):
             left = producer.flush(flush_s)
         except KafkaException as e:
             _PRODUCERS.clear()
-            raise RunError(f"{where}: {e.args[0].str() if e.args else e}") from None
+            raise failure(where, "produce", e) from None
         if failures or left:
             _PRODUCERS.clear()  # the next attempt starts afresh
         if failures:
-            raise RunError(f"{where}: {len(failures)} message(s) not delivered: {failures[0]}")
+            raise failure(where, f"delivery of {len(failures)} message(s)", failures[0],
+                          waited=int(config["message.timeout.ms"]) / 1000)
         if left:
-            raise RunError(f"{where}: {left} message(s) not delivered within {flush_s:g}s")
+            raise failure(where, f"delivery of {left} message(s)", waited=flush_s)
         ops = sorted(counts)
         yield pa.RecordBatch.from_pydict({"op": ops,
                                           "published": [counts[o][0] for o in ops],
@@ -186,12 +207,12 @@ def _produce(producer: Any, topic: str, key: str | None, value: str | None, part
             producer.poll(0.5)
 
 
-def _published(config: dict[str, Any], topic: str, partition: int, start: int,
-               where: str) -> set[tuple[int, int, bool]]:
+def _published(config: dict[str, Any], topic: str, partition: int, start: int, where: str,
+               wait_s: float) -> set[tuple[int, int, bool]]:
     """Identities ``(batch, seq, tombstone)`` of the messages of ``partition`` from offset
     ``start`` to its end."""
     found: set[tuple[int, int, bool]] = set()
-    for msg in to_end(config, topic, partition, start, where, wait_s=_TAIL_WAIT_S):
+    for msg in to_end(config, topic, partition, start, where, wait_s=wait_s):
         h = dict(msg.headers() or ())
         if "octo.batch" in h and "octo.seq" in h:
             found.add((int(h["octo.batch"]), int(h["octo.seq"]), "octo.tombstone" in h))

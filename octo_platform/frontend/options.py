@@ -16,6 +16,7 @@ from octo_platform.frontend.parser import SinkStmt, SourceStmt, TableStmt
 from octo_platform.logical.plan import Mode
 from octo_platform.partitions import GRANULARITIES, Partitioning, parse_time
 from octo_platform.sqltext import DIALECT
+from octo_platform.timeunits import parse_span
 
 __all__ = ["FORMATS", "CONNECTORS", "TABLE_OPTIONS", "SINK_OPTIONS", "source_def",
            "table_options", "sink_def"]
@@ -24,10 +25,12 @@ FORMATS = ("json", "csv", "parquet", "debezium-json")
 CONNECTORS = ("files", "delta", "kafka")
 DELTA_OPTIONS = ("connector", "path", "primary_key", "mode")
 KAFKA_FORMATS = ("json", "debezium-json")
+# A Kafka source's and a sink's options, besides kafka.<librdkafka property>.
 KAFKA_OPTIONS = ("connector", "bootstrap_servers", "topic", "format", "primary_key", "startup",
-                 "max_records_per_batch", "on_data_loss")  # and kafka.<librdkafka property>
+                 "max_records_per_batch", "on_data_loss", "broker_timeout")
 KAFKA_CHOICES = {"startup": ("earliest", "latest"), "on_data_loss": ("fail", "skip")}
-SINK_OPTIONS = ("connector", "bootstrap_servers", "topic", "format", "tombstones")
+SINK_OPTIONS = ("connector", "bootstrap_servers", "topic", "format", "tombstones",
+                "broker_timeout")
 SINK_CHOICES = {"connector": ("kafka",), "format": ("debezium-json",),
                 "tombstones": ("true", "false")}
 MODES = ("updating", "append-only")
@@ -131,6 +134,10 @@ def _kafka_connection(stmt: SourceStmt | SinkStmt, what: str, known: tuple[str, 
         if not opts.get(key, "").strip():
             raise SqlError(f"{what}: option {key!r} is required for connector 'kafka'",
                            stmt.location(key) if key in opts else stmt.location())
+    if "broker_timeout" in opts and parse_span(opts["broker_timeout"]) is None:
+        raise SqlError(f"{what}: option 'broker_timeout' must be '<n> <unit>', e.g. "
+                       f"'30 seconds' (got {opts['broker_timeout']!r})",
+                       stmt.location("broker_timeout"))
 
 
 def _kafka_options(stmt: SourceStmt, what: str) -> Mode:
