@@ -12,7 +12,8 @@ from contextlib import contextmanager
 from connectors.tansu import broker_command, create_topic, free_port, wait_ready
 from tests.processes import start_session, stop_session
 
-__all__ = ["tansu", "pause", "resume", "create_topic", "Producer", "read_topic"]
+__all__ = ["tansu", "pause", "resume", "paused", "pause_at_watermarks", "create_topic",
+           "Producer", "read_topic"]
 
 
 @contextmanager
@@ -43,6 +44,31 @@ def pause(address: str) -> None:
 
 def resume(address: str) -> None:
     os.kill(_RUNNING[address].pid, signal.SIGCONT)
+
+
+@contextmanager
+def paused(address: str) -> Iterator[None]:
+    """The broker at ``address`` frozen for the duration (``pause``), resumed after."""
+    pause(address)
+    try:
+        yield
+    finally:
+        resume(address)
+
+
+def pause_at_watermarks(monkeypatch, address: str, topic: str) -> None:
+    """From now on (``monkeypatch`` undoes it), a consumer asked for a partition's
+    watermarks of ``topic`` first freezes the broker: it answered the metadata request,
+    then goes away before the watermark request."""
+    import confluent_kafka
+
+    class Pausing(confluent_kafka.Consumer):
+        def get_watermark_offsets(self, partition, *args, **kwargs):
+            if partition.topic == topic:
+                pause(address)
+            return super().get_watermark_offsets(partition, *args, **kwargs)
+
+    monkeypatch.setattr(confluent_kafka, "Consumer", Pausing)
 
 
 class Producer:

@@ -6,6 +6,8 @@ from __future__ import annotations
 
 import json
 import random
+import time
+from collections import Counter
 
 import pytest
 from confluent_kafka import Consumer, ConsumerGroupTopicPartitions, TopicPartition
@@ -112,15 +114,13 @@ def test_kafka_sources_match_batch_sql(spark, tmp_path):
         assert not run_tables(spark, tmp_path, options=options, until_idle=True).batches
 
 
-def test_missing_topic_fails_with_the_source_named(spark, tmp_path, monkeypatch):
-    import connectors.kafka as kafka
-
-    monkeypatch.setattr(kafka, "WAIT_S", 2.0)
+def test_missing_topic_fails_with_the_source_named(spark, tmp_path):
     with tansu() as address:
         (tmp_path / "sql").mkdir()
         (tmp_path / "sql" / "t.sql").write_text(
             f"CREATE SOURCE s (id BIGINT) WITH (connector = 'kafka', bootstrap_servers = "
-            f"'{address}', topic = 'nope', format = 'json', kafka.sasl.password = 'hunter2');\n"
+            f"'{address}', topic = 'nope', format = 'json', kafka.sasl.password = 'hunter2', "
+            "broker_timeout = '2 seconds');\n"
             "CREATE STREAMING TABLE t AS SELECT id FROM s;")
         options = default_options(progress=None)
         with pytest.raises(OctoError) as got:
@@ -141,19 +141,83 @@ def test_missing_topic_fails_with_the_source_named(spark, tmp_path, monkeypatch)
         assert spec.kinds == {"kafka"}
 
 
-def test_an_unreachable_broker_fails_naming_the_source(tmp_path, monkeypatch):
-    import connectors.kafka as kafka
+def test_an_unreachable_broker_fails_naming_the_source(tmp_path):
     from connectors.tansu import free_port
 
-    monkeypatch.setattr(kafka, "WAIT_S", 2.0)
     (tmp_path / "sql").mkdir()
     (tmp_path / "sql" / "t.sql").write_text(
         f"CREATE SOURCE s (id BIGINT) WITH (connector = 'kafka', bootstrap_servers = "
-        f"'127.0.0.1:{free_port()}', topic = 't', format = 'json');\n"
+        f"'127.0.0.1:{free_port()}', topic = 't', format = 'json', "
+        "broker_timeout = '2 seconds');\n"
         "CREATE STREAMING TABLE t AS SELECT id FROM s;")
     with pytest.raises(OctoError, match=r"source 's' \(topic 't' at 127\.0\.0\.1:\d+\): "
-                       r"broker not reachable .* after 2s"):
+                       r"broker not reachable: metadata request: no answer within 2s \(.+\)"):
         table_status(load_project(tmp_path), "t", options=default_options(progress=None))
+
+
+def test_each_call_to_a_broker_that_went_away_names_the_source(spark, tmp_path, monkeypatch):
+    """Whichever call the broker stops answering (metadata, watermarks, the executors'
+    fetch, the consumer group's offset commit), the error names the source, its topic and
+    brokers, and the call, once the source's broker_timeout has passed; with the broker
+    back, the next run reads the batch it had logged, each message once."""
+    from dataclasses import replace
+
+    import connectors.kafka as kafka
+    from tests.kafka_broker import pause, pause_at_watermarks, paused, resume
+    from tests.oracle import norm, replay
+
+    with tansu() as address:
+        create_topic(address, "cdc", 3)
+        producer = Producer(address)
+        for i in range(6):
+            producer.send("cdc", i % 3, json.dumps({"id": i}))
+        (tmp_path / "sql").mkdir()
+        source_sql = (f"CREATE SOURCE s (id BIGINT) WITH (connector = 'kafka', "
+                      f"bootstrap_servers = '{address}', topic = 'cdc', format = 'json'")
+        table_sql = "CREATE STREAMING TABLE t AS SELECT id FROM s;"
+        (tmp_path / "sql" / "t.sql").write_text(
+            f"{source_sql}, broker_timeout = '2 seconds');\n{table_sql}")
+        source = kafka.KafkaSource.from_options("s", load_project(tmp_path).source("s").options)
+        assert source.timeout_s == 2.0
+        where = f"source 's' (topic 'cdc' at {address}): broker not reachable: "
+
+        def fails(call: str, action) -> None:
+            started = time.monotonic()
+            with pytest.raises(OctoError) as got:
+                action()
+            assert f"{where}{call}" in str(got.value), got.value
+            assert " within 2s" in str(got.value), got.value
+            assert time.monotonic() - started < 60
+
+        with paused(address):
+            fails("metadata request: no answer", lambda: kafka.watermarks(source))
+            fails("offset commit of consumer group 'octo.t': no answer",
+                  lambda: kafka.commit_offsets(source, "t", {"0": [0, 2]}))
+        with monkeypatch.context() as patched:
+            pause_at_watermarks(patched, address, "cdc")
+            try:
+                fails("watermark offsets of partition 0: no answer",
+                      lambda: kafka.watermarks(source))
+            finally:
+                resume(address)
+
+        # The broker goes away once the batch's ranges are planned and logged: the fetch.
+        options = default_options(progress=None)
+
+        def read_then_pause(spark, src, ranges):
+            pause(address)
+            return kafka.read(spark, src, ranges)
+
+        gone = replace(options, env=replace(options.env, read_kafka=read_then_pause))
+        try:
+            fails("fetch of partition ", lambda: run_tables(spark, tmp_path, options=gone,
+                                                             until_idle=True))
+        finally:
+            resume(address)
+        (tmp_path / "sql" / "t.sql").write_text(f"{source_sql});\n{table_sql}")
+        report = run_tables(spark, tmp_path, options=options, until_idle=True)
+        assert [b.batch for b in report.for_table("t")] == [0]
+        assert replay(tmp_path / "warehouse", "t") == Counter(norm({"id": i}) for i in range(6))
 
 
 def _planned(tmp_path, options: dict[str, str], marks: dict[str, list[int]],
