@@ -97,7 +97,9 @@ def failure(where: str, call: str, error: Any = None, *,
     and brokers (``where``), the call, and Kafka's message (``error``: a ``KafkaError`` or
     ``KafkaException``; None when nothing came back). A broker that did not answer (within
     ``waited`` seconds) is said to be unreachable."""
-    err = error.args[0] if type(error).__name__ == "KafkaException" and error.args else error
+    from confluent_kafka import KafkaException
+
+    err = error.args[0] if isinstance(error, KafkaException) and error.args else error
     if hasattr(err, "str") and hasattr(err, "name"):
         text, code = err.str(), err.name()
     else:
