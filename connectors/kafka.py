@@ -150,8 +150,11 @@ def watermarks(source: KafkaTopic, *, wait_s: float | None = None
 
     wait_s = source.wait_s() if wait_s is None else wait_s
     deadline = time.monotonic() + wait_s
-    consumer = Consumer(source.config(**{"group.id": f"octo-{source.name}",
-                                         "enable.auto.commit": False}))
+    try:
+        consumer = Consumer(source.config(**{"group.id": f"octo-{source.name}",
+                                             "enable.auto.commit": False}))
+    except KafkaException as e:  # e.g. a kafka.<property> librdkafka does not know
+        raise failure(source.where(), "client configuration", e) from None
     partitions: list[int] | None = None  # once the metadata came
     out: dict[int, tuple[int, int]] = {}  # partitions read so far (a retry goes on from them)
     try:
@@ -258,7 +261,7 @@ def _fetcher(source: KafkaSource):
         try:
             consumer = Consumer(config)
         except KafkaException as e:
-            raise failure(where, "fetch (a consumer)", e) from None
+            raise failure(where, "client configuration", e) from None
         try:
             for rb in batches:
                 for p, start, stop in zip(*(rb.column(i).to_pylist() for i in range(3))):
@@ -325,7 +328,7 @@ def to_end(config: dict[str, Any], topic: str, partition: int, start: int, where
     try:
         consumer = Consumer(config)
     except KafkaException as e:
-        raise failure(where, call, e) from None
+        raise failure(where, "client configuration", e) from None
     try:
         consumer.assign([TopicPartition(topic, partition, start)])
         deadline = time.monotonic() + wait_s

@@ -133,7 +133,7 @@ def _publisher(sink: KafkaSink, starts: dict[int, int], resume: bool):
         try:
             producer = _producer(config)
         except KafkaException as e:
-            raise failure(where, "producer", e) from None
+            raise failure(where, "client configuration", e) from None
         present: dict[int, set[tuple[int, int, bool]]] = {}
         counts: dict[str, list[int]] = {}
         try:
