@@ -106,16 +106,16 @@ def input_rows(pipe: TableRun, inputs: dict[str, Any], limit: int) -> int | None
     return total
 
 
-def run_in_driver(pipe: TableRun, ctx: BatchContext, inputs: dict[str, Any],
+def run_in_driver(pipe: TableRun, ctx: BatchContext, inputs: dict[str, Any], rows: int,
                   pinned: dict[str, int | None], ts_ms: int,
                   stats: BatchStats) -> dict[str, int | None]:
-    """Run the batch in the driver: the new versions of the tables it wrote (``stats``
-    gets the batch's counts). Raises ``Unsupported`` (before writing anything) for what
-    the kernels lack."""
+    """Run the batch (``rows``: its input rows, ``input_rows``) in the driver: the new
+    versions of the tables it wrote (``stats`` gets the batch's counts). Raises
+    ``Unsupported`` (before writing anything) for what the kernels lack."""
     plan = pipe.table.physical
     lc = LocalContext(ctx, pinned)
     try:
-        local: LocalInputs | None = read_local(pipe, lc, inputs, stats)
+        local: LocalInputs | None = read_local(pipe, lc, inputs, rows, stats)
         tables = local.tables
     except Unsupported:  # read with Spark: a job per input
         local, observed = None, read_inputs(pipe, ctx, inputs, stats)

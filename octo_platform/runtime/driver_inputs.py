@@ -51,21 +51,22 @@ class LocalInputs:
         stats.watermarks.update(self.watermarks)
 
 
-def read_local(pipe: TableRun, lc: LocalContext, inputs: dict[str, Any],
+def read_local(pipe: TableRun, lc: LocalContext, inputs: dict[str, Any], rows: int,
                stats: BatchStats) -> LocalInputs:
-    """Read the batch's inputs in the driver (``stats``: only read, for the watermarks the
-    batch begins with); ``Unsupported`` for an input only Spark reads."""
+    """Read the batch's inputs (``rows``: as ``driver.input_rows`` counts them) in the
+    driver (``stats``: only read, for the watermarks the batch begins with);
+    ``Unsupported`` for an input only Spark reads."""
     out = LocalInputs()
     for src in pipe.table.physical.sources:
         key = source_key(src.kind, src.name)
         got = inputs.get(key)
         if src.kind == "table":
-            rows = _upstream(pipe, src, got)
+            changes = _upstream(pipe, src, got)
             mark = upstream_watermark(pipe, src, got)
             if mark is not None:
                 out.watermarks[key] = mark
-            out.rows_in += rows.num_rows
-            out.tables[src.name.lower()] = rows
+            out.rows_in += changes.num_rows
+            out.tables[src.name.lower()] = changes
             continue
         sdef = pipe.project.source(src.name)
         if sdef.connector != "files":
@@ -85,7 +86,7 @@ def read_local(pipe: TableRun, lc: LocalContext, inputs: dict[str, Any],
             records, _ = mark_late(records, sdef, stats.watermarks.get(key))
             time = sdef.watermark.time_sql(sdef.format == "debezium-json")
             records = records.selectExpr("*", f"unix_micros({time}) AS _t")
-        got_rows = collect_arrow(records)
+        got_rows = collect_arrow(records, rows_in=rows)
         good = got_rows.filter(pc.is_null(got_rows["_reason"]))
         bad = got_rows.filter(pc.is_valid(got_rows["_reason"]))
         if sdef.watermark is not None:
@@ -100,11 +101,11 @@ def read_local(pipe: TableRun, lc: LocalContext, inputs: dict[str, Any],
                                       pa.array([src.name] * bad.num_rows, pa.string()),
                                       bad["_reason"]], schema=DEAD_LETTERS))
         if sdef.format == "debezium-json":
-            rows = pipe.env.decode_changelog_arrow(good, src.columns)
+            weighted = pipe.env.decode_changelog_arrow(good, src.columns)
         else:
-            rows = good.select(list(sdef.columns)).append_column(
+            weighted = good.select(list(sdef.columns)).append_column(
                 WEIGHT, pa.array([1] * good.num_rows, pa.int64()))
-        out.tables[src.name.lower()] = rows
+        out.tables[src.name.lower()] = weighted
     return out
 
 

@@ -145,10 +145,10 @@ class Pipeline:
         jobs = JobCounter(self.spark, f"octo {self.name} batch {batch}")
         try:
             versions = None
-            if not resumed and self.driver_rows > 0 and input_rows(
-                    self, inputs, self.driver_rows) is not None:
+            rows = input_rows(self, inputs, self.driver_rows) if self.driver_rows else None
+            if not resumed and rows is not None:
                 try:
-                    written = run_in_driver(self, ctx, inputs, pinned, ts_ms, stats)
+                    written = run_in_driver(self, ctx, inputs, rows, pinned, ts_ms, stats)
                     versions, stats.path = {**pinned, **written}, "driver"
                 except Unsupported:
                     pass  # before anything was written: the Spark path runs the batch
