@@ -49,7 +49,7 @@ def kernel_supports(node: object) -> bool:
     if isinstance(node, PAggregate):
         return node.closes is None and not node.emit_on_close and node.ttl_us is None
     if isinstance(node, PJoin):
-        return node.kind == "inner" and node.ttl_us is None
+        return node.ttl_us is None
     return False
 
 
@@ -269,7 +269,7 @@ class AggregateKernel:
                 r = both[f"d.r{i}"]
                 new = (pc.fill_null(r, 0) if a.func == "count" else r).cast(t)
             cols[f"o{f}"], cols[f"n{f}"] = old, new
-        cols["_touched"] = pa.array([True] * both.num_rows)
+        cols["_touched"] = pa.array([True] * both.num_rows, pa.bool_())
         return pa.table(cols)
 
     @staticmethod
@@ -307,7 +307,9 @@ def _unsuffix(name: str, aggs: list[tuple[str, str]]) -> str:
 
 
 class JoinKernel:
-    """Inner delta-rule join: Δ(L⋈R) = ΔL⋈R_old + L_new⋈ΔR (``join.Join``'s state)."""
+    """Delta-rule joins (``join.Join``'s state and formulas): the matched part is
+    Δ(L⋈R) = ΔL⋈R_old + L_new⋈ΔR; outer, semi and anti joins also compare, for the keys the
+    batch touched, each row's matches before and after the batch."""
 
     def __init__(self, node: PJoin, lc: LocalContext) -> None:
         self.node, self.lc = node, lc
@@ -317,11 +319,14 @@ class JoinKernel:
         op, lc = self.op, self.lc
         frames = {"l": ldelta.rename_columns([*op.names["l"], "_lw"]),
                   "r": rdelta.rename_columns([*op.names["r"], "_rw"])}
-        schema = pa.schema([*[f.with_name(n) for f, n in zip(ldelta.schema, op.names["l"])],
-                            *[f.with_name(n) for f, n in zip(rdelta.schema, op.names["r"])],
-                            pa.field(WEIGHT, pa.int64())])
+        fields = {"l": [f.with_name(n) for f, n in zip(ldelta.schema, op.names["l"])],
+                  "r": [f.with_name(n) for f, n in zip(rdelta.schema, op.names["r"])]}
+        kind = self.node.kind
+        weight = pa.field(WEIGHT, pa.int64())
+        schema = pa.schema([*fields["l"], *fields["r"], weight])
+        out = pa.schema([*fields["l"], weight]) if kind in ("semi", "anti") else schema
         if not ldelta.num_rows and not rdelta.num_rows:
-            return schema.empty_table()
+            return out.empty_table()
         types = lc.once(f"keys:{self.node.id}", lambda: op.key_types(
             lc.frame(frames["l"]), lc.frame(frames["r"])))
         delta, old = {}, {}
@@ -333,17 +338,130 @@ class JoinKernel:
             delta[s] = lc.sql(f"{self.node.id}:{s}", grouped,
                               lambda df, s=s: op.with_keys(df, s, types))
             old[s] = self.side(s, frames[s], delta[s], types)
+        parts = []
+        if kind in ("inner", "left", "right", "full"):
+            parts.append(self.matched(old, delta, schema))
+        if kind != "inner":
+            rows = self.affected(old, delta)
+            counts = self.key_counts(rows)
+            sides = {"left": "l", "semi": "l", "anti": "l", "right": "r"}.get(kind, "lr")
+            parts += [self.unmatched(s, rows, counts, fields, out) for s in sides]
+        return concat(parts, out)
+
+    def matched(self, old: dict[str, pa.Table], delta: dict[str, pa.Table],
+                schema: pa.Schema) -> pa.Table:
+        """ΔL⋈R_old + L_new⋈ΔR, the residual condition applied."""
+        op, lc = self.op, self.lc
         lk, rk = op.kcols("l"), op.kcols("r")
         parts = [key_join(old["r"], delta["l"], rk, lk, "inner"),
                  key_join(concat([old["l"], delta["l"]], delta["l"].schema), delta["r"],
                           lk, rk, "inner")]
         names = [*op.names["l"], *op.names["r"]]
-        out = [p.select(names).append_column(WEIGHT, pc.multiply(p["_lw"], p["_rw"]))
-               for p in parts]
-        rows = concat(out, schema)
+        rows = concat([p.select(names).append_column(WEIGHT, pc.multiply(p["_lw"], p["_rw"]))
+                       for p in parts], schema)
         if self.node.residual:
             rows = lc.sql(f"{self.node.id}:on", rows, lambda df: df.filter(self.node.residual))
         return rows
+
+    def affected(self, old: dict[str, pa.Table], delta: dict[str, pa.Table]
+                 ) -> dict[str, pa.Table]:
+        """Per side, the distinct rows whose join key the batch touched (on either side),
+        with their old and new multiplicity (``_<s>o``, ``_<s>n``) and whether the batch
+        changed them (``_<s>d``)."""
+        op = self.op
+        ak = [f"_ak{i}" for i in range(len(op.kcols("l")))]
+        touched = concat([delta[s].select(op.kcols(s)).rename_columns(ak) for s in "lr"],
+                         delta["l"].select(op.kcols("l")).rename_columns(ak).schema)
+        touched, tcols = safe_keys(touched, ak, "_t")
+        touched = touched.select(tcols).group_by(tcols, use_threads=False).aggregate([])
+        rows = {}
+        for s in "lr":
+            kc, w = op.kcols(s), f"_{s}w"
+            mine, mcols = safe_keys(old[s], kc, "_m")
+            mine = key_join(mine, touched, mcols, tcols, "left semi").select(
+                old[s].column_names)
+            n_old, n_new = mine.num_rows, delta[s].num_rows
+            both = concat([
+                mine.append_column(f"_{s}o", mine[w]).append_column(
+                    f"_{s}d", pa.array([0] * n_old, pa.int8())),
+                delta[s].append_column(f"_{s}o", pa.array([0] * n_new, pa.int64()))
+                .append_column(f"_{s}d", pa.array([1] * n_new, pa.int8()))],
+                delta[s].schema.append(pa.field(f"_{s}o", pa.int64())).append(
+                    pa.field(f"_{s}d", pa.int8())))
+            cols = op.names[s] + kc
+            aggs = [(f"_{s}o", "sum"), (w, "sum"), (f"_{s}d", "max")]
+            rows[s] = both.group_by(cols, use_threads=False).aggregate(aggs).rename_columns(
+                [*cols, f"_{s}o", f"_{s}n", f"_{s}d"])
+        return rows
+
+    def key_counts(self, rows: dict[str, pa.Table]) -> pa.Table:
+        """Per join key the batch touched: each side's old and new row count (zero for a
+        key with a NULL part: it matches nothing), keys as ``_ck<i>``."""
+        op = self.op
+        ck = [f"_ck{i}" for i in range(len(op.kcols("l")))]
+        per = {}
+        for s in "lr":
+            kc = op.kcols(s)
+            g = rows[s].group_by(kc, use_threads=False).aggregate(
+                [(f"_{s}o", "sum"), (f"_{s}n", "sum"), (f"_{s}d", "max")])
+            g = g.rename_columns([_unsuffix(c, [(f"_{s}o", "sum"), (f"_{s}n", "sum"),
+                                                (f"_{s}d", "max")]) for c in g.column_names])
+            null = pa.array([False] * g.num_rows, pa.bool_())
+            for c in kc:
+                null = pc.or_(null, pc.is_null(g[c]))
+            zero = pa.scalar(0, pa.int64())
+            g = pa.table({**{f"{s}.{c}": g[k] for c, k in zip(ck, kc)},
+                          f"_{s}co": pc.if_else(null, zero, g[f"_{s}o"]),
+                          f"_{s}cn": pc.if_else(null, zero, g[f"_{s}n"]),
+                          f"_{s}t": g[f"_{s}d"]})
+            per[s] = safe_keys(g, [f"{s}.{c}" for c in ck], f"_x{s}")
+        both = key_join(per["l"][0], per["r"][0], per["l"][1], per["r"][1], "full outer")
+        zero = pa.scalar(0, pa.int64())
+        out = {c: pc.coalesce(both[f"l.{c}"], both[f"r.{c}"]) for c in ck}
+        for s in "lr":
+            for c in ("co", "cn"):
+                out[f"_{s}{c}"] = pc.fill_null(both[f"_{s}{c}"], zero)
+        t = pc.or_(pc.fill_null(pc.equal(both["_lt"], 1), False),
+                   pc.fill_null(pc.equal(both["_rt"], 1), False))
+        return pa.table(out).filter(t)
+
+    def unmatched(self, s: str, rows: dict[str, pa.Table], counts: pa.Table,
+                  fields: dict[str, list[pa.Field]], out: pa.Schema) -> pa.Table:
+        """Changes to side ``s``'s rows that appear without a match (null-padded, anti) or
+        only with one (semi), for the keys the batch touched."""
+        op, lc, node = self.op, self.lc, self.node
+        o = "r" if s == "l" else "l"
+        kc = op.kcols(s)
+        ck = [f"_ck{i}" for i in range(len(kc))]
+        mine, mcols = safe_keys(rows[s], kc, "_m")
+        keys, kcols = safe_keys(counts, ck, "_q")
+        if node.residual is None:  # matches depend on the key only
+            mine = key_join(mine, keys, mcols, kcols, "inner")
+            m_old, m_new = mine[f"_{o}co"], mine[f"_{o}cn"]
+        else:  # count matching rows of the other side, per row
+            mine = key_join(mine, keys.select(kcols), mcols, kcols, "left semi").select(
+                rows[s].column_names)
+            mine = mine.append_column("_id", pa.array(range(mine.num_rows), pa.int64()))
+            pairs = key_join(mine, rows[o], kc, op.kcols(o), "inner")
+            pairs = pairs.select([*op.names["l"], *op.names["r"], "_id", f"_{o}o", f"_{o}n"])
+            pairs = lc.sql(f"{node.id}:on{s}", pairs, lambda df: df.filter(node.residual))
+            per = pairs.group_by(["_id"], use_threads=False).aggregate(
+                [(f"_{o}o", "sum"), (f"_{o}n", "sum")]).rename_columns(["_id", "_mo", "_mn"])
+            mine = key_join(mine, per, ["_id"], ["_id"], "left outer")
+            m_old, m_new = pc.fill_null(mine["_mo"], 0), pc.fill_null(mine["_mn"], 0)
+
+        def test(m):
+            return pc.greater(m, 0) if node.kind == "semi" else pc.equal(m, 0)
+
+        zero = pa.scalar(0, pa.int64())
+        weight = pc.subtract(pc.if_else(test(m_new), mine[f"_{s}n"], zero),
+                             pc.if_else(test(m_old), mine[f"_{s}o"], zero))
+        values = {f.name: mine[f.name] for f in fields[s]}
+        if node.kind not in ("semi", "anti"):
+            values.update({f.name: pa.nulls(mine.num_rows, f.type) for f in fields[o]})
+        values[WEIGHT] = weight
+        got = pa.table({f.name: values[f.name] for f in out}, schema=out)
+        return got.filter(pc.not_equal(got[WEIGHT], 0))
 
     def side(self, s: str, frame: pa.Table, delta: pa.Table, types: list[str]) -> pa.Table:
         """Side ``s``'s rows (with multiplicity and keys) before the batch; stages the
