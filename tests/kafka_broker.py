@@ -87,6 +87,21 @@ class Producer:
         self.producer.flush(30)
 
 
+def fails_naming(where: str, call: str, action) -> None:
+    """``action`` fails at once (well within a minute) with an octo error that names the
+    source or sink (``where``) and the broker ``call`` that found no answer in 2 s."""
+    import pytest
+
+    from octo_platform.errors import OctoError
+
+    started = time.monotonic()
+    with pytest.raises(OctoError) as got:
+        action()
+    assert f"{where}{call}" in str(got.value), got.value
+    assert " within 2s" in str(got.value), got.value
+    assert time.monotonic() - started < 60
+
+
 def read_topic(address: str, topic: str) -> list[dict]:
     """Every message of ``topic``, partition by partition in offset order: ``partition``,
     ``offset``, ``key`` and ``value`` (text or None) and ``headers`` (a dict of text)."""

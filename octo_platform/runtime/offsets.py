@@ -11,8 +11,6 @@ from typing import TYPE_CHECKING, Any
 from octo_platform.errors import RunError
 
 if TYPE_CHECKING:
-    import pyarrow as pa
-
     from octo_platform.runtime.environment import Environment, Store
 
 __all__ = ["InputSpec", "BatchLog", "source_key", "next_inputs", "available",
