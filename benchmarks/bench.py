@@ -1,4 +1,4 @@
-"""All of the runtime issues' benchmark targets (issue 9, then 20) in one run and one SparkSession; prints one table.
+"""The runtime issues' benchmark targets (9, then 20) in one run and session; one table.
 
     make bench        # = PYSPARK_PYTHON=.venv/bin/python .venv/bin/python benchmarks/bench.py
     make bench-full   # the same plus Nexmark at 10M events of history (--scale full)
