@@ -2,7 +2,8 @@
 
 A small batch run in the driver (``runtime/driver.py``) writes its files there with Arrow
 (``write_local``) and commits them the same way. Otherwise all tables a batch changes
-(changelog, current state, operator state) are written by ONE Spark job: their rows are tagged with their output and unioned, and a ``mapInArrow`` task
+(changelog, current state, operator state) are written by ONE Spark job: their rows are
+tagged with their output and unioned, and a ``mapInArrow`` task
 writes each output's rows (per ``_bucket``) into the output table's directory with Arrow.
 Only file names, sizes and row counts come back to the driver, which then makes one Delta
 commit per table carrying the app transaction ``(octo, N)``. Files of an attempt that dies

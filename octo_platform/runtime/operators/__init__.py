@@ -6,8 +6,11 @@ the pipeline writes all staged changes in one job and commits them after the bat
 Aggregates and joins keep their state as a log of changes (``state_log``); top-N, session
 windows and sliding-range aggregates rewrite the hash buckets their partitions fall in.
 
-One module per operator (``aggregate``, ``join``, ``top_n``, ``session``, ``over``); ``context`` holds what they
-share; filters, projections and unions are applied here, in ``evaluate``.
+One module per operator (``aggregate``, ``join``, ``top_n``, ``session``, ``over``);
+``context`` holds what they share; filters, projections and unions are applied here, in
+``evaluate``. ``kernels`` runs GROUP BY and joins over Arrow for small batches in the driver
+(``runtime/driver.py``), with these operators' state, SQL and formulas; ``arrow`` holds its
+helpers.
 """
 from __future__ import annotations
 

@@ -19,7 +19,8 @@ if TYPE_CHECKING:
 
 COLLECT_ROWS = 2000  # measured: collecting 10K rows as Python objects took ~0.25 s
 
-__all__ = ["spark_eval", "collect_arrow", "arrow_schema", "safe_keys", "key_join", "concat", "primitive"]
+__all__ = ["spark_eval", "collect_arrow", "arrow_schema", "safe_keys", "key_join", "concat",
+           "primitive"]
 
 
 def spark_eval(spark: SparkSession, table: pa.Table,
