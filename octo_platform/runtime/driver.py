@@ -83,16 +83,20 @@ def input_rows(pipe: TableRun, inputs: dict[str, Any], limit: int) -> int | None
         if spec.kind == "kafka":
             total += sum(b - a for a, b in got["ranges"].values())
         elif spec.kind == "files":
+            parquet = pipe.project.source(spec.name).format == "parquet"
             for f in got["files"]:
-                if "://" in f:
+                try:
+                    if "://" in f:
+                        return None
+                    if parquet:
+                        total += pq.ParquetFile(f).metadata.num_rows
+                    elif os.path.getsize(f) > _TEXT_BYTES_PER_ROW * max(limit, 1):
+                        return None
+                    else:
+                        with open(f, "rb") as fh:
+                            total += fh.read().count(b"\n") + 1
+                except (OSError, pa.ArrowException):  # gone or unreadable: Spark reports it
                     return None
-                if f.endswith(".parquet"):
-                    total += pq.ParquetFile(f).metadata.num_rows
-                elif os.path.getsize(f) > _TEXT_BYTES_PER_ROW * max(limit, 1):
-                    return None
-                else:
-                    with open(f, "rb") as fh:
-                        total += fh.read().count(b"\n") + 1
         else:  # a Delta table's versions: the rows of the files added between them
             store = pipe.env.store
             before = {f["path"] for f in store.data_files(spec.path, got.get("from"))}
