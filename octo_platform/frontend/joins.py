@@ -6,7 +6,7 @@ from sqlglot import exp
 
 from octo_platform.frontend.scope import Scope
 from octo_platform.frontend.shapes import check_supported, conjuncts
-from octo_platform.logical.plan import Filter, Join, Node
+from octo_platform.logical.plan import CROSS_KEY, Filter, Join, Node
 from octo_platform.sqltext import DIALECT, quote
 
 __all__ = ["JoinBinding", "JOIN_KINDS"]
@@ -18,15 +18,21 @@ class JoinBinding:
     """Joins of ``QueryBinder`` (mixed into it)."""
 
     def from_(self, select: exp.Select, ctes: dict[str, Node]) -> Scope:
+        """The FROM clause's inputs joined left to right. A comma, ``CROSS JOIN`` or inner
+        ``JOIN`` without an equality is a cross join here: the ``join_conditions`` rule
+        turns the WHERE equalities between its inputs into join keys."""
         from_ = select.args.get("from_")
         if from_ is None:
             raise self.error("a streaming table needs a FROM clause", select)
         scope = self.from_item(from_.this, ctes)
+        crossed = False
         for j in select.args.get("joins") or []:
-            scope = self.join(scope, j, ctes)
+            scope = self.join(scope, j, ctes, after_cross=crossed)
+            crossed = crossed or (j.kind or "").upper() == "CROSS"
         return scope
 
-    def join(self, left: Scope, j: exp.Join, ctes: dict[str, Node]) -> Scope:
+    def join(self, left: Scope, j: exp.Join, ctes: dict[str, Node], *,
+             after_cross: bool = False) -> Scope:
         right = self.from_item(j.this, ctes)
         what = f"JOIN {j.this.sql(DIALECT)}"
         if j.args.get("using"):
@@ -35,10 +41,15 @@ class JoinBinding:
         if kind_word in ("SEMI", "ANTI"):
             raise self.error(f"{side} {kind_word} JOIN is not supported: write WHERE ... IN / "
                              "EXISTS / NOT EXISTS (subquery)", j)
-        if kind_word == "CROSS" or j.args.get("on") is None:
-            raise self.error(f"{what} has no ON condition: a cross join of two unbounded "
-                             "inputs cannot be maintained; join ON an equality of the two "
-                             "sides", j)
+        on = j.args.get("on")
+        if on is None and side:
+            raise self.error(f"{side} {what} has no ON condition: join ON an equality of "
+                             "the two sides", j)
+        if after_cross and side in ("RIGHT", "FULL"):
+            raise self.error(f"{side} JOIN after a comma or CROSS JOIN in the same FROM is "
+                             "ambiguous here (a comma binds looser than JOIN, CROSS JOIN "
+                             "does not): put the tables joined by commas in a subquery, or "
+                             "join them with JOIN ... ON", j)
         for item, scope in ((j.this, right), (j.parent_select, left)):
             if not scope.joined and not scope.rels[0].aliases:
                 raise self.error("a subquery in a join needs an alias", item)
@@ -50,20 +61,26 @@ class JoinBinding:
                              "give each occurrence its own alias", j.this)
         lnames, lrels = left.qualified(next(iter(left.rels[0].aliases)))
         rnames, rrels = right.qualified(next(iter(right.rels[0].aliases)))
-        pushable = {"l": kind in ("inner", "right"), "r": kind in ("inner", "left")}
-        lnode, rnode, keys, residual = self.split_on(
-            j.args["on"], what, left, right, Scope(left.node, lrels),
-            Scope(right.node, rrels), pushable, ambiguous=True)
+        if on is None or kind_word == "CROSS":  # a comma or CROSS JOIN
+            lnode, rnode, keys, residual = left.node, right.node, [(CROSS_KEY, CROSS_KEY)], None
+        else:
+            pushable = {"l": kind in ("inner", "right"), "r": kind in ("inner", "left")}
+            lnode, rnode, keys, residual = self.split_on(
+                on, what, left, right, Scope(left.node, lrels),
+                Scope(right.node, rrels), pushable, ambiguous=True, cross=kind == "inner")
         node = Join(lnames + rnames, left=lnode, right=rnode, kind=kind,
                     names=lnames + rnames, left_keys=tuple(k[0] for k in keys),
                     right_keys=tuple(k[1] for k in keys), residual=residual)
         return Scope(node, lrels + rrels, joined=True)
 
     def split_on(self, cond: exp.Expression, what: str, left: Scope, right: Scope,
-                 lq: Scope, rq: Scope, pushable: dict[str, bool], *, ambiguous: bool):
+                 lq: Scope, rq: Scope, pushable: dict[str, bool], *, ambiguous: bool,
+                 cross: bool = False):
         """Split a join condition into equi-keys, conditions pushed into one input and a
         residual. ``lq``/``rq`` resolve to the join's (qualified) names; ``left``/``right``
-        to each input's own. Inner names win over outer ones unless ``ambiguous``."""
+        to each input's own. Inner names win over outer ones unless ``ambiguous``. Without
+        an equality it is a cross join (keyed by ``CROSS_KEY``) if ``cross``, else an
+        error."""
 
         def side_of(col: exp.Column) -> str:
             in_r = rq.lookup(col, self.file) is not None
@@ -84,6 +101,8 @@ class JoinBinding:
         residual: list[str] = []
         pushed: dict[str, list[exp.Expression]] = {"l": [], "r": []}
         for c in conjuncts(cond):
+            if isinstance(c, exp.Boolean) and c.this is True:
+                continue  # ON TRUE (and a JOIN without ON, which sqlglot reads so)
             if any(isinstance(n, exp.AggFunc) for n in c.walk()):
                 raise self.error("aggregates are not allowed in a join condition", c)
             where = sides(c)
@@ -99,6 +118,8 @@ class JoinBinding:
                 pushed[next(iter(where))].append(c)
             else:
                 residual.append(self.rewrite(c, both))
+        if not keys and cross:
+            keys.append((CROSS_KEY, CROSS_KEY))
         if not keys:
             raise self.error(f"{what} has no equality between the two sides (like ON a.id = "
                              "b.id): a join of two unbounded inputs without one cannot be "

@@ -30,6 +30,7 @@ __all__ = [
     "WINDOW_COLUMNS",
     "SortKey",
     "JoinKind",
+    "CROSS_KEY",
     "changelog_mode",
     "primary_key",
     "project",
@@ -40,6 +41,9 @@ __all__ = [
 Mode = Literal["append-only", "updating"]
 JoinKind = Literal["inner", "left", "right", "full", "semi", "anti"]
 AGG_FUNCS = ("count", "sum", "avg", "min", "max")
+# The join key of a cross join, on both sides: every row matches every row of the other
+# side, so a change of one side joins the other side's whole state.
+CROSS_KEY = "0"
 
 
 @dataclass(frozen=True)
@@ -193,6 +197,7 @@ class Join(Node):
     are addressable in one namespace; ``left_keys``/``right_keys`` (pairwise equal) and
     ``residual`` are Spark SQL over those names. Output: ``names`` for inner/outer joins,
     the left names only for semi/anti joins (``IN``/``EXISTS``/``NOT EXISTS``).
+    A cross join (no equality between the sides) has the constant key ``CROSS_KEY``.
     """
 
     left: Node = field(default=None)  # type: ignore[assignment]
@@ -211,13 +216,20 @@ class Join(Node):
     def with_inputs(self, inputs: tuple[Node, ...]) -> Node:
         return replace(self, left=inputs[0], right=inputs[1])
 
+    @property
+    def cross(self) -> bool:
+        """A cross join: each change of one side joins all rows of the other."""
+        return self.left_keys == (CROSS_KEY,) and self.right_keys == (CROSS_KEY,)
+
     def condition(self) -> str:
         keys = [f"{a} = {b}" for a, b in zip(self.left_keys, self.right_keys)]
         return " AND ".join(keys + ([f"({self.residual})"] if self.residual else []))
 
     def describe(self) -> str:
         ttl = f" state_ttl={span_text(self.ttl_us)}" if self.ttl_us else ""
-        return f"Join {self.kind} on {self.condition()}{ttl}"
+        cross = (" (cross join: a change of one side joins all rows of the other)"
+                 if self.cross else "")
+        return f"Join {self.kind} on {self.condition()}{ttl}{cross}"
 
 
 @dataclass(frozen=True)
