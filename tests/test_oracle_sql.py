@@ -1,6 +1,6 @@
 """Randomized oracle test for the planner's rewrites of everyday SQL (issue 22): comma
-joins with their equalities in WHERE, cross joins, and (as they land) set operations,
-DISTINCT aggregates and subqueries.
+joins with their equalities in WHERE, cross joins, set operations and DISTINCT aggregates
+(subqueries: ``test_oracle_subqueries``).
 
 Inputs as in ``test_oracle_joins``: ``a_cdc``/``b_cdc`` (Debezium inserts, updates,
 deletes) and ``c_app`` (append-only). Few rows, a few rounds (each a restart from Delta
@@ -28,10 +28,23 @@ TABLES = {
         WHERE a.k = b.k AND a.g = b.g GROUP BY a.g""",
     "comma_left": """SELECT a.id AS aid, b.id AS bid, c.id AS cid FROM a_cdc a, b_cdc b
         LEFT JOIN c_app c ON c.k = b.k AND c.v > b.v WHERE a.id = b.k""",
+    # set operations over updating inputs (NULLs equal: g has some)
+    "except_all": "SELECT k, g FROM a_cdc EXCEPT ALL SELECT k, g FROM b_cdc",
+    "except": "SELECT k FROM a_cdc EXCEPT SELECT k FROM c_app WHERE v > 50",
+    "intersect_all": """SELECT g, k % 3 AS m FROM a_cdc INTERSECT ALL
+        SELECT g, k % 3 FROM b_cdc""",
+    "intersect": "SELECT g FROM a_cdc INTERSECT SELECT g FROM c_app",
+    "union": "SELECT k FROM a_cdc WHERE v > 50 UNION SELECT k FROM b_cdc",
+    # SUM / AVG (DISTINCT) beside other aggregates; a global one (COUNT over no rows is 0)
+    "sum_distinct": """SELECT g, SUM(DISTINCT k) AS sk, AVG(DISTINCT k) AS ak,
+        COUNT(DISTINCT k) AS ck, COUNT(*) AS n, AVG(d) AS ad, MIN(v) AS mv
+        FROM a_cdc GROUP BY g""",
+    "sum_distinct_global": """SELECT SUM(DISTINCT v) AS s, COUNT(v) AS n FROM b_cdc
+        WHERE v > 90""",
 }
 
 
-def project_sql(rng: random.Random) -> str:
+def project_sql(rng: random.Random, tables: dict[str, str]) -> str:
     ddl = RandomInput(0, False).ddl()
     parts = []
     for name, fmt in (("a_cdc", "debezium-json"), ("b_cdc", "debezium-json"),
@@ -40,21 +53,25 @@ def project_sql(rng: random.Random) -> str:
         parts.append(f"CREATE SOURCE {name} ({ddl}) WITH (connector = 'files', "
                      f"path = 'data/{name}', format = '{fmt}', "
                      f"max_files_per_batch = '{rng.randint(1, 2)}'{pk});")
-    parts += [f"CREATE STREAMING TABLE {name} AS {sql};" for name, sql in TABLES.items()]
+    parts += [f"CREATE STREAMING TABLE {name} AS {sql};" for name, sql in tables.items()]
     return "\n".join(parts)
 
 
 def test_sql_breadth_matches_batch_sql(spark, tmp_path):
-    seed = 20261126
+    check_rounds(spark, tmp_path, TABLES, seed=20261126)
+
+
+def check_rounds(spark, tmp_path, tables: dict[str, str], seed: int, rounds: int = 3) -> None:
+    """``rounds`` runs over random input; after each, every table equals its batch SQL."""
     rng = random.Random(seed)
-    sql = project_sql(rng)
+    sql = project_sql(rng, tables)
     (tmp_path / "sql").mkdir()
     (tmp_path / "sql" / "tables.sql").write_text(sql)
     project = load_project(tmp_path)
-    keyed = {n: project.table(n).physical.pk is not None for n in TABLES}
+    keyed = {n: project.table(n).physical.pk is not None for n in tables}
     feeds = {name: RandomInput(seed + i, name.endswith("cdc"))
              for i, name in enumerate(("a_cdc", "b_cdc", "c_app"))}
-    for round_no in range(3):
+    for round_no in range(rounds):
         for name, feed in feeds.items():
             for f in range(rng.randint(1, 2)):
                 write_lines(tmp_path / "data" / name, f"r{round_no}-{f}.json",

@@ -8,9 +8,12 @@ from sqlglot import exp
 from octo_platform.errors import PlanError
 from octo_platform.frontend.ordering import SUPPORTED_AGGS
 from octo_platform.frontend.scope import Scope
+from octo_platform.frontend.subqueries import Scalar
 from octo_platform.frontend.shapes import function_name
 from octo_platform.logical.plan import (
+    CROSS_KEY,
     WINDOW_COLUMNS,
+    Join,
     AggCall,
     Aggregate,
     Filter,
@@ -19,7 +22,7 @@ from octo_platform.logical.plan import (
     Window,
     project,
 )
-from octo_platform.sqltext import DIALECT, unquote
+from octo_platform.sqltext import DIALECT, quote, unquote
 
 __all__ = ["AggregateBinding"]
 
@@ -28,7 +31,11 @@ class AggregateBinding:
     """GROUP BY of ``QueryBinder`` (mixed into it)."""
 
     def aggregate(self, items: list[exp.Expression], names: tuple[str, ...],
-                  group: exp.Group | None, having: exp.Having | None, scope: Scope) -> Node:
+                  group: exp.Group | None, having: exp.Having | None, scope: Scope,
+                  post_scalars: tuple[Scalar, ...] = ()) -> Node:
+        """GROUP BY; ``post_scalars`` are (uncorrelated) scalar subqueries read beside the
+        aggregates or in HAVING: joined after it."""
+        labels = {s.label.lower() for s in post_scalars}
         aliases = {n.lower(): i for n, i in zip(names, items) if isinstance(i, exp.Alias)}
         group_exprs: list[exp.Expression] = []
         for g in (group.expressions if group is not None else []):
@@ -49,6 +56,7 @@ class AggregateBinding:
         calls: list[AggCall] = []
         arg_sql: list[str] = []
         call_ids: dict[tuple[str, str, bool], int] = {}
+        distinct_at: dict[str, exp.Expression] = {}  # a DISTINCT argument: where first
 
         def agg_ref(n: exp.Expression) -> exp.Expression | None:
             if not isinstance(n, exp.AggFunc):
@@ -61,9 +69,8 @@ class AggregateBinding:
             distinct = isinstance(arg, exp.Distinct)
             if distinct:
                 if len(arg.expressions) != 1:
-                    raise self.error("COUNT(DISTINCT ...) takes exactly one expression", n)
-                if func in ("sum", "avg"):
-                    raise self.error(f"{func.upper()}(DISTINCT ...) is not supported yet", n)
+                    raise self.error(f"{func.upper()}(DISTINCT ...) takes exactly one "
+                                     "expression", n)
                 arg = arg.expressions[0]
             if any(isinstance(x, exp.AggFunc) for x in arg.walk() if x is not arg) or (
                     isinstance(arg, exp.AggFunc)):
@@ -75,6 +82,8 @@ class AggregateBinding:
             if func in ("min", "max"):
                 distinct = False
             a_sql = "" if star else self.rewrite(arg, scope)
+            if distinct:
+                distinct_at.setdefault(a_sql, n)
             ident = (func, a_sql, distinct)
             if ident not in call_ids:
                 call_ids[ident] = len(calls)
@@ -89,6 +98,8 @@ class AggregateBinding:
         def post(n: exp.Expression) -> exp.Expression | None:
             if (ref := agg_ref(n)) is not None:
                 return ref
+            if isinstance(n, exp.Column) and n.table.lower() in labels:
+                return exp.column(n.name, quoted=True)  # a scalar subquery's, joined below
             if isinstance(n, (exp.Literal, exp.Null, exp.Boolean)):
                 return None
             try:
@@ -118,8 +129,21 @@ class AggregateBinding:
         pre_cols = tuple(post_scope_cols) + tuple(f"_a{i}" for i in range(len(arg_sql)))
         src = self.partition_sessions(scope.node, key_sql, group)
         pre = Project(pre_cols, input=src, exprs=tuple(key_sql + arg_sql))
-        node: Node = Aggregate(tuple(post_scope_cols) + agg_cols, input=pre,
-                               keys=tuple(post_scope_cols), aggs=tuple(calls))
+        if any(c.distinct and c.func in ("sum", "avg") for c in calls):
+            if len(distinct_at) > 1:
+                raise self.error("SUM/AVG(DISTINCT ...) is supported when every DISTINCT "
+                                 "aggregate of the SELECT has the same argument: compute the "
+                                 "others in another subquery and join them on the GROUP BY "
+                                 "columns", list(distinct_at.values())[1])
+            node: Node = expand_distinct(pre, tuple(post_scope_cols), tuple(calls), agg_cols)
+        else:
+            node = Aggregate(tuple(post_scope_cols) + agg_cols, input=pre,
+                             keys=tuple(post_scope_cols), aggs=tuple(calls))
+        for scalar in post_scalars:
+            right = tuple(f"{scalar.label}.{c}" for c in scalar.node.columns)
+            node = Join(node.columns + right, left=node, right=scalar.node, kind="left",
+                        names=node.columns + right, left_keys=(CROSS_KEY,),
+                        right_keys=(CROSS_KEY,))
         if having_sql is not None:
             node = Filter(node.columns, input=node, conditions=(having_sql,))
         return project(node, names, tuple(select_sql))
@@ -141,3 +165,51 @@ class AggregateBinding:
                              "columns of the windowed relation", group)
         return replace(node, partition=tuple(p for p in part if p is not None))
 
+
+
+def expand_distinct(pre: Node, keys: tuple[str, ...], calls: tuple[AggCall, ...],
+                    names: tuple[str, ...]) -> Node:
+    """GROUP BY ``keys`` computing ``calls`` (named ``names``), whose DISTINCT ones share
+    one argument ``x``, as two GROUP BYs: by ``keys`` and ``x`` (each distinct value once,
+    the other aggregates in parts), then by ``keys`` (the distinct ones over ``x``, the
+    others merging their parts: counts and sums summed, MIN of MINs, AVG as sum / count).
+    COUNT over no rows stays 0 (a global aggregate's parts can all be missing)."""
+    x = next(c.arg for c in calls if c.distinct)
+    assert x is not None
+    parts: list[AggCall] = []
+    finals: list[AggCall] = []
+    outs: list[str] = []
+
+    def part(call: AggCall) -> str:
+        if call not in parts:
+            parts.append(call)
+        return f"_p{parts.index(call)}"
+
+    def final(call: AggCall) -> str:
+        if call not in finals:
+            finals.append(call)
+        return quote(f"_f{finals.index(call)}")
+
+    for c in calls:
+        if c.distinct:  # each (keys, x) group once: the aggregate over x
+            outs.append(final(AggCall("count" if c.func == "count" else c.func, x)))
+        elif c.func == "count":
+            outs.append(f"coalesce({final(AggCall('sum', part(c)))}, 0)")
+        elif c.func == "avg":
+            total = final(AggCall("sum", part(AggCall("sum", c.arg))))
+            count = final(AggCall("sum", part(AggCall("count", c.arg))))
+            outs.append(f"CASE WHEN {count} > 0 THEN {total} / {count} END")
+        else:  # sum, min, max: of the parts
+            outs.append(final(AggCall(c.func, part(c))))
+    inner_keys = (*keys, x)
+    part_cols = tuple(f"_p{i}" for i in range(len(parts)))
+    if parts:
+        inner: Node = Aggregate(inner_keys + part_cols, input=pre, keys=inner_keys,
+                                aggs=tuple(parts))
+    else:  # the distinct (keys, x) pairs
+        pairs = project(pre, inner_keys, tuple(quote(k) for k in inner_keys))
+        inner = Aggregate(inner_keys, input=pairs, keys=inner_keys, distinct=True)
+    outer = Aggregate((*keys, *(f"_f{i}" for i in range(len(finals)))), input=inner,
+                      keys=keys, aggs=tuple(finals))
+    return Project((*keys, *names), input=outer,
+                   exprs=(*(quote(k) for k in keys), *outs))

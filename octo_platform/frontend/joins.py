@@ -161,13 +161,13 @@ class JoinBinding:
             right = self.from_(sub, ctes)
             rnames, rrels = right.qualified(label)
             where = sub.args.get("where")
-            if where is None:
-                raise self.error("an EXISTS subquery must be correlated with the outer query "
-                                 "by an equality (WHERE inner.col = outer.col)", sub)
             inner_scope = Scope(right.node, right.rels, outer=scope)
+            # without an equality to the outer query: on the constant key (a row is kept
+            # while the subquery has a row, or one its residual condition matches)
             _, inner, keys, residual = self.split_on(
-                where.this, "EXISTS subquery", scope, inner_scope, scope,
-                Scope(right.node, rrels), {"l": False, "r": True}, ambiguous=False)
+                where.this if where is not None else exp.true(), "EXISTS subquery", scope,
+                inner_scope, scope, Scope(right.node, rrels), {"l": False, "r": True},
+                ambiguous=False, cross=True)
         return Join(outer.columns, left=outer, right=inner, kind=kind,
                     names=outer.columns + rnames, left_keys=tuple(k[0] for k in keys),
                     right_keys=tuple(k[1] for k in keys), residual=residual)
@@ -183,11 +183,8 @@ class JoinBinding:
         for c in conjuncts(where.this):
             negated = isinstance(c, exp.Not)
             inner = c.this if negated else c
-            if isinstance(inner, exp.In) and inner.args.get("query") is not None:
-                if negated:
-                    raise self.error("NOT IN (subquery) is not supported (its NULL semantics "
-                                     "cannot be maintained cheaply): write NOT EXISTS "
-                                     "(SELECT ... WHERE inner.col = outer.col)", c)
+            if isinstance(inner, exp.In) and inner.args.get("query") is not None \
+                    and not negated:  # (NOT IN is a mark join: see mark_subqueries)
                 subs.append((inner, False))
             elif isinstance(inner, exp.Exists):
                 subs.append((inner, negated))

@@ -21,18 +21,22 @@ from octo_platform.frontend.intervals import interval_micros
 from octo_platform.frontend.joins import JoinBinding
 from octo_platform.frontend.ordering import OrderBinding
 from octo_platform.frontend.scope import Scope
+from octo_platform.frontend.subqueries import SubqueryBinding
 from octo_platform.frontend.shapes import check_supported
 from octo_platform.logical.lineage import column_types
 from octo_platform.logical.plan import (
+    AggCall,
     Aggregate,
+    Filter,
     Node,
+    Project,
     Scan,
     UnionAll,
     WINDOW_COLUMNS,
     Window,
     project,
 )
-from octo_platform.sqltext import DIALECT
+from octo_platform.sqltext import DIALECT, quote
 
 __all__ = ["Relations", "QueryBinder"]
 
@@ -51,7 +55,7 @@ class Relations(Protocol):
         """The (lower-case) names of everything ``relation`` finds."""
 
 
-class QueryBinder(JoinBinding, AggregateBinding, OrderBinding):
+class QueryBinder(JoinBinding, SubqueryBinding, AggregateBinding, OrderBinding):
     """Binds the queries of one SQL file into logical plans, collecting the sources and
     tables they read in ``deps``."""
 
@@ -73,22 +77,26 @@ class QueryBinder(JoinBinding, AggregateBinding, OrderBinding):
                 ctes[cte.alias_or_name.lower()] = self.query(cte.this, ctes)
         if isinstance(q, exp.Subquery):
             return self.query(q.this, ctes)
-        if isinstance(q, exp.Union):
+        if isinstance(q, (exp.Union, exp.Except, exp.Intersect)):
             return self.union(q, ctes)
-        if isinstance(q, (exp.Except, exp.Intersect)):
-            raise self.error(f"{type(q).__name__.upper()} is not supported yet", q)
         if not isinstance(q, exp.Select):
             raise self.error(f"expected a SELECT, found {q.key.upper()}", q)
         return self.select(q, ctes)
 
-    def union(self, q: exp.Union, ctes: dict[str, Node]) -> Node:
+    def union(self, q: exp.Union | exp.Except | exp.Intersect, ctes: dict[str, Node]
+              ) -> Node:
+        """``UNION [ALL]``, ``EXCEPT [ALL]``, ``INTERSECT [ALL]`` of two queries."""
+        what = type(q).__name__.upper()
         for arg in ("order", "limit"):
             if q.args.get(arg) is not None:
-                raise self.error(f"{arg.upper()} on a UNION is not supported", q.args[arg])
+                raise self.error(f"{arg.upper()} on a {what} is not supported: put the "
+                                 f"{what} in a subquery", q.args[arg])
         left, right = self.query(q.this, ctes), self.query(q.expression, ctes)
         if len(left.columns) != len(right.columns):
-            raise self.error(f"UNION inputs have {len(left.columns)} and {len(right.columns)}"
-                             " columns", q)
+            raise self.error(f"{what} inputs have {len(left.columns)} and "
+                             f"{len(right.columns)} columns", q)
+        if not isinstance(q, exp.Union):
+            return set_difference(left, right, what.lower(), bool(q.args.get("distinct")))
         children = [left, right]
         flat: list[Node] = []
         for child in children:
@@ -184,16 +192,20 @@ class QueryBinder(JoinBinding, AggregateBinding, OrderBinding):
     def select(self, select: exp.Select, ctes: dict[str, Node]) -> Node:
         check_supported(select, self.file)
         scope = self.from_(select, ctes)
+        group = select.args.get("group")
+        having = select.args.get("having")
+        is_agg = group is not None or having is not None or any(
+            isinstance(n, exp.AggFunc) and n.find_ancestor(exp.Window) is None
+            and n.find_ancestor(exp.Select) is select
+            for item in select.expressions for n in item.walk())
+        select, scope, post = self.scalar_subqueries(select, scope, ctes, is_agg)
+        select, scope = self.mark_subqueries(select, scope, ctes, is_agg)
+        group, having = select.args.get("group"), select.args.get("having")
         where = select.args.get("where")
         if where is not None:
             scope = self.where(where, scope, ctes)
         items = self.expand_stars(select.expressions, scope)
         names = self.output_names(items)
-        group = select.args.get("group")
-        having = select.args.get("having")
-        is_agg = group is not None or having is not None or any(
-            isinstance(n, exp.AggFunc) and n.find_ancestor(exp.Window) is None
-            for item in items for n in item.walk())
         windows = [i for i, item in enumerate(items) if isinstance(item, exp.Alias)
                    and isinstance(item.this, exp.Window)]
         order, limit = select.args.get("order"), select.args.get("limit")
@@ -208,7 +220,7 @@ class QueryBinder(JoinBinding, AggregateBinding, OrderBinding):
             else:
                 node = self.over(items, names, windows, scope)
         elif is_agg:
-            node = self.aggregate(items, names, group, having, scope)
+            node = self.aggregate(items, names, group, having, scope, post)
         else:
             exprs = [self.rewrite(i, scope) for i in items]
             cols = list(names)
@@ -237,7 +249,7 @@ class QueryBinder(JoinBinding, AggregateBinding, OrderBinding):
             if not star:
                 out.append(item)
                 continue
-            rels = scope.rels
+            rels = [r for r in scope.rels if not r.hidden]
             if isinstance(item, exp.Column):
                 rels = [r for r in rels if item.table.lower() in r.aliases]
                 if not rels:
@@ -283,6 +295,41 @@ class QueryBinder(JoinBinding, AggregateBinding, OrderBinding):
 
 def arg_text(e: exp.Expression) -> str:
     return e.sql(DIALECT)
+
+
+def set_difference(left: Node, right: Node, op: str, distinct: bool) -> Node:
+    """``left EXCEPT [ALL] right`` / ``left INTERSECT [ALL] right`` (``op``) over updating
+    inputs, with SQL's multiset semantics (NULLs equal), on existing operators: both
+    inputs tagged and unioned, a GROUP BY every column counting each side's copies, then
+    a filter (the distinct forms: one row where it is kept) or a projection that repeats
+    each row as often as it is kept (ALL: ``left - right`` or ``least(left, right)``
+    copies, by ``explode``)."""
+    cols = left.columns
+    taken = {c.lower() for c in cols}
+    nl, nr, cl, cr, i = (_fresh(n, taken) for n in ("_in_l", "_in_r", "_n_l", "_n_r", "_i"))
+    tagged = tuple(Project((*cols, nl, nr), input=node,
+                           exprs=(*(quote(c) for c in node.columns), *tags))
+                   for node, tags in ((left, ("1", "0")), (right, ("0", "1"))))
+    counts = Aggregate((*cols, cl, cr), input=UnionAll((*cols, nl, nr), children=tagged),
+                       keys=cols, aggs=(AggCall("sum", nl), AggCall("sum", nr)))
+    ql, qr = quote(cl), quote(cr)
+    if distinct:
+        right_test = "= 0" if op == "except" else "> 0"
+        kept = Filter(counts.columns, input=counts, conditions=(f"{ql} > 0",
+                                                                f"{qr} {right_test}"))
+        return project(kept, cols, tuple(quote(c) for c in cols))
+    copies = f"{ql} - {qr}" if op == "except" else f"least({ql}, {qr})"
+    kept = Filter(counts.columns, input=counts, conditions=(f"{copies} > 0",))
+    repeated = Project((*cols, i), input=kept, exprs=(*(quote(c) for c in cols),
+                                                      f"explode(sequence(1, {copies}))"))
+    return Project(cols, input=repeated, exprs=tuple(quote(c) for c in cols))
+
+
+def _fresh(name: str, taken: set[str]) -> str:
+    while name.lower() in taken:
+        name = "_" + name
+    taken.add(name.lower())
+    return name
 
 
 def _distinct(node: Node) -> Node:

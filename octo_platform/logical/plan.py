@@ -7,6 +7,7 @@ changelog mode and primary key are not stored but derived from its inputs, in on
 """
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass, field, replace
 from typing import Callable, Literal
 
@@ -34,6 +35,7 @@ __all__ = [
     "changelog_mode",
     "primary_key",
     "project",
+    "generates",
     "transform",
     "explain",
 ]
@@ -123,6 +125,9 @@ class Filter(Unary):
 
 @dataclass(frozen=True)
 class Project(Unary):
+    """``exprs`` of each input row, named ``columns``. A generator among them (``explode``)
+    makes several rows of one: such a projection keeps no key."""
+
     exprs: tuple[str, ...] = ()
 
     def describe(self) -> str:
@@ -366,6 +371,8 @@ def primary_key(node: Node) -> tuple[str, ...] | None:
     if isinstance(node, UnionAll):
         return None
     if isinstance(node, Project):
+        if any(generates(e) for e in node.exprs):
+            return None  # a row repeated
         return _carried(node.input.pk, node.input.columns, node.columns, node.exprs)
     if isinstance(node, Join):
         nl = len(node.left.columns)
@@ -391,6 +398,17 @@ def _carried(pk: tuple[str, ...] | None, inputs: tuple[str, ...], names: tuple[s
             if e == quote(c) and c not in mapping:
                 mapping[c] = name
     return tuple(mapping[k] for k in pk) if all(k in mapping for k in pk) else None
+
+
+_QUOTED = re.compile(r"`(?:[^`]|``)+`|'(?:[^'\\]|\\.)*'|\"(?:[^\"\\]|\\.)*\"", re.S)
+_GENERATOR = re.compile(r"\b(?:pos)?explode(?:_outer)?\s*\(|\binline(?:_outer)?\s*\(|"
+                        r"\bstack\s*\(", re.I)
+
+
+def generates(sql: str) -> bool:
+    """Whether the expression ``sql`` calls a generator (``explode``, ``inline``, ``stack``),
+    which makes rows of one."""
+    return _GENERATOR.search(_QUOTED.sub("", sql)) is not None
 
 
 def project(node: Node, names: tuple[str, ...], exprs: tuple[str, ...]) -> Node:
