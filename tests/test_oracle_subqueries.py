@@ -20,6 +20,11 @@ TABLES = {
         AS n FROM a_cdc a""",
     "corr_avg": """SELECT a.id, a.k FROM a_cdc a
         WHERE a.v > (SELECT AVG(b.v) FROM b_cdc b WHERE b.g = a.g)""",
+    # correlated by an inequality (sqllogictest's rank shape), and by both kinds, in a CASE
+    "corr_rank": """SELECT a.id, (SELECT COUNT(*) FROM a_cdc AS x WHERE x.v < a.v) AS r
+        FROM a_cdc a""",
+    "corr_mixed": """SELECT a.id, CASE WHEN (SELECT MAX(b.v) FROM b_cdc b WHERE b.k = a.k
+        AND b.d > a.d) > 50 THEN 'hi' ELSE 'lo' END AS c FROM a_cdc a""",
     # IN / EXISTS under OR and in SELECT (NOT IN with its NULLs: v % 13 is NULL at times);
     # EXISTS without an equality to the outer query (a semi / anti join on the constant key)
     "in_or": "SELECT id FROM a_cdc WHERE v > 90 OR k IN (SELECT k FROM b_cdc WHERE v > 50)",
@@ -29,6 +34,8 @@ TABLES = {
     "exists_const": "SELECT id FROM a_cdc WHERE EXISTS (SELECT 1 FROM c_app WHERE v > 95)",
     "not_exists_lt": """SELECT id FROM a_cdc a
         WHERE NOT EXISTS (SELECT 1 FROM c_app c WHERE c.v > a.v + 60)""",
+    "exists_lt_or": """SELECT id FROM a_cdc a WHERE a.g = 'b'
+        OR EXISTS (SELECT 1 FROM c_app c WHERE c.k = a.k AND c.v > a.v)""",
 }
 
 

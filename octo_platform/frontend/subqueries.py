@@ -46,6 +46,7 @@ class Scalar:
     label: str
     node: Node
     outer_keys: tuple[str, ...] = ()
+    inner_keys: tuple[str, ...] = ()  # over the node's columns; default: its first ones
 
 
 class SubqueryBinding:
@@ -165,8 +166,13 @@ class SubqueryBinding:
                 raise self.error(f"{arg.upper()} in a correlated EXISTS is not supported here",
                                  query.args[arg])
         inner = self.from_(query, ctes)
-        inner_keys, outer_keys, kept = self.correlation(
-            query, inner, scope, "a correlated EXISTS outside a condition AND-ed in WHERE")
+        split = self.correlation(query, inner, scope, "a correlated EXISTS", strict=False)
+        if split is None:  # correlated otherwise: whether COUNT(*) over its rows > 0
+            count = exp.Count(this=exp.Star())
+            s, value = self.correlated_by_rows(query, count, inner, scope, label, ctes)
+            scope = self.join_scalar(scope, s, _rel(s))
+            return scope, exp.Paren(this=exp.GT(this=value, expression=exp.Literal.number(0)))
+        inner_keys, outer_keys, kept = split
         grouped = query.copy()
         grouped.set("where", exp.Where(this=exp.and_(*kept)) if kept else None)
         grouped.set("distinct", None)
@@ -178,10 +184,12 @@ class SubqueryBinding:
         return scope, exp.Paren(this=exp.Not(this=exp.Is(this=_column(label, "_k0"),
                                                            expression=exp.Null())))
 
-    def correlation(self, query: exp.Select, inner: Scope, scope: Scope, what: str
-                    ) -> tuple[list[exp.Expression], list[str], list[exp.Expression]]:
+    def correlation(self, query: exp.Select, inner: Scope, scope: Scope, what: str,
+                    strict: bool = True
+                    ) -> tuple[list[exp.Expression], list[str], list[exp.Expression]] | None:
         """The WHERE of a correlated subquery split: the inner sides of its correlation
-        equalities, their outer sides (against ``scope``), and the other conditions."""
+        equalities, their outer sides (against ``scope``), and the other conditions; None
+        (an error if ``strict``) when a condition reads outer columns otherwise."""
         inner_keys: list[exp.Expression] = []
         outer_keys: list[str] = []
         kept: list[exp.Expression] = []
@@ -200,6 +208,8 @@ class SubqueryBinding:
                     inner_keys.append(pair[0])
                     outer_keys.append(self.rewrite(pair[1], scope))
                     continue
+            if not strict:
+                return None
             raise self.error(f"{what} is supported when it is correlated by equalities "
                              f"(WHERE inner.col = outer.col): this condition is not one; "
                              f"{WHERE_TO_WRITE}", c)
@@ -212,7 +222,10 @@ class SubqueryBinding:
         right = tuple(f"{scalar.label}.{c}" for c in scalar.node.columns)
         rename = dict(zip(scope.node.columns, names))
         lkeys = tuple(rename_columns(k, rename) for k in scalar.outer_keys) or (CROSS_KEY,)
-        rkeys = tuple(quote(r) for r in right[:len(scalar.outer_keys)]) or (CROSS_KEY,)
+        inner = scalar.inner_keys or tuple(quote(c) for c in
+                                           scalar.node.columns[:len(scalar.outer_keys)])
+        mine = dict(zip(scalar.node.columns, right))
+        rkeys = tuple(rename_columns(k, mine) for k in inner) or (CROSS_KEY,)
         node = Join(names + right, left=scope.node, right=scalar.node, kind="left",
                     names=names + right, left_keys=lkeys, right_keys=rkeys)
         return Scope(node, rels + [rel], scope.outer, joined=True)
@@ -272,25 +285,73 @@ class SubqueryBinding:
             raise self.error(f"{what} must be an aggregate (SELECT count(*) / max(x) ... "
                              f"WHERE inner.k = outer.k), which gives one value per row", item)
         inner = self.from_(query, ctes)
-        inner_keys, outer_keys, kept = self.correlation(query, inner, scope, what)
         if any(_side(col, inner, scope, self.file) == "outer" for col in value.find_all(
                 exp.Column)):
-            raise self.error(f"{what} may read outer columns only in its WHERE equalities",
-                             item)
+            raise self.error(f"{what} may read outer columns only in its WHERE", item)
+        split = self.correlation(query, inner, scope, what, strict=False)
+        if split is None:
+            return self.correlated_by_rows(query, value, inner, scope, label, ctes)
+        inner_keys, outer_keys, kept = split
         grouped = query.copy()
         grouped.set("where", exp.Where(this=exp.and_(*kept)) if kept else None)
         grouped.set("group", exp.Group(expressions=[k.copy() for k in inner_keys]))
         grouped.set("expressions", [
             *(exp.alias_(k.copy(), f"_k{i}", quoted=True) for i, k in enumerate(inner_keys)),
+            exp.alias_(exp.true(), "_m", quoted=True),
             exp.alias_(value.copy(), "_v", quoted=True)])
         node = self.query(grouped, ctes)
-        column = _column(label, "_v")
-        empty = _over_no_rows(value)
-        if not isinstance(empty, exp.Null):
-            matched = _column(label, "_k0")
-            column = exp.Case(ifs=[exp.If(this=exp.Is(this=matched, expression=exp.Null()),
-                                          true=empty)], default=column)
-        return Scalar(label, node, tuple(outer_keys)), exp.Paren(this=column)
+        return Scalar(label, node, tuple(outer_keys)), _or_over_no_rows(label, value)
+
+    def correlated_by_rows(self, query: exp.Select, value: exp.Expression, inner: Scope,
+                           scope: Scope, label: str, ctes: dict[str, Node]
+                           ) -> tuple[Scalar, exp.Expression]:
+        """A scalar subquery correlated by other conditions (``x.b < t.b``): over the
+        distinct values of the outer columns it reads (``_o0``, ...), joined with its FROM
+        by its whole WHERE (a cross join with a residual when no equality is left: each
+        distinct outer value meets every inner row) and grouped by them; the query then
+        joins that on its outer columns, NULLs equal."""
+        outer_cols: list[str] = []
+        where = query.args["where"].this.copy()
+        for col in list(where.find_all(exp.Column)):
+            if _side(col, inner, scope, self.file) != "outer":
+                continue
+            name = scope.resolve(col, self.file)
+            if name not in outer_cols:
+                outer_cols.append(name)
+            col.replace(exp.column(f"_o{outer_cols.index(name)}", table="_d", quoted=True))
+        picked = tuple(f"_o{i}" for i in range(len(outer_cols)))
+        values = Project(picked, input=scope.node, exprs=tuple(quote(c) for c in outer_cols))
+        cte = f"{label}_outer"
+        ctes = {**ctes, cte: Aggregate(picked, input=values, keys=picked, distinct=True)}
+        keys = [exp.column(c, table="_d", quoted=True) for c in picked]
+        grouped = exp.Select(expressions=[
+            *(exp.alias_(k.copy(), f"_k{i}", quoted=True) for i, k in enumerate(keys)),
+            exp.alias_(exp.true(), "_m", quoted=True),
+            exp.alias_(value.copy(), "_v", quoted=True)])
+        grouped.set("from_", exp.From(this=exp.Table(
+            this=exp.to_identifier(cte), alias=exp.TableAlias(this=exp.to_identifier("_d")))))
+        grouped.set("joins", [exp.Join(this=query.args["from_"].this.copy(), kind="CROSS"),
+                              *(j.copy() for j in query.args.get("joins") or [])])
+        grouped.set("where", exp.Where(this=where))
+        grouped.set("group", exp.Group(expressions=keys))
+        node = self.query(grouped, ctes)
+        outer_keys, inner_keys = [], []
+        for i, c in enumerate(outer_cols):
+            for side, ref in ((outer_keys, quote(c)), (inner_keys, quote(f"_k{i}"))):
+                side += [f"isnull({ref})", f"coalesce(CAST({ref} AS STRING), '')"]
+        return (Scalar(label, node, tuple(outer_keys), tuple(inner_keys)),
+                _or_over_no_rows(label, value))
+
+
+def _or_over_no_rows(label: str, value: exp.Expression) -> exp.Expression:
+    """The subquery's value, or (no group matched) its value over no rows."""
+    column: exp.Expression = _column(label, "_v")
+    empty = _over_no_rows(value)
+    if not isinstance(empty, exp.Null):
+        matched = _column(label, "_m")
+        column = exp.Case(ifs=[exp.If(this=exp.Is(this=matched, expression=exp.Null()),
+                                      true=empty)], default=column)
+    return exp.Paren(this=column)
 
 
 def _is_scalar(sub: exp.Subquery, select: exp.Select) -> bool:
