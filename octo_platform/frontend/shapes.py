@@ -43,6 +43,10 @@ def check_supported(select: exp.Select, file: SqlFile) -> None:
                         "ROW_NUMBER() OVER (...) AS rank, bounded by WHERE rank <= n in "
                         "the enclosing query (top-N), or aggregates OVER a RANGE BETWEEN "
                         "INTERVAL ... PRECEDING AND CURRENT ROW", node)
+        if isinstance(node, (exp.Any, exp.All)) and node.find(exp.Select) is not None:
+            raise error(f"x <op> {node.key.upper()} (subquery) is not supported: write x IN "
+                        "(subquery) for = ANY, or [NOT] EXISTS (SELECT ... WHERE inner <op> "
+                        "outer) for the others", node)
         fname = function_name(node)
         if fname in NONDETERMINISTIC:
             raise error(f"non-deterministic function {fname}() cannot be maintained "
