@@ -28,6 +28,11 @@ TABLES = {
         WHERE a.k = b.k AND a.g = b.g GROUP BY a.g""",
     "comma_left": """SELECT a.id AS aid, b.id AS bid, c.id AS cid FROM a_cdc a, b_cdc b
         LEFT JOIN c_app c ON c.k = b.k AND c.v > b.v WHERE a.id = b.k""",
+    # outer joins without an equality (on the constant key, the condition per pair)
+    "left_lt": """SELECT a.id AS aid, c.id AS cid FROM a_cdc a
+        LEFT JOIN c_app c ON c.v > a.v + 70""",
+    "full_lt": """SELECT a.id AS aid, b.id AS bid FROM a_cdc a
+        FULL JOIN b_cdc b ON a.v < b.v - 80 AND a.g = 'a'""",
     # set operations over updating inputs (NULLs equal: g has some)
     "except_all": "SELECT k, g FROM a_cdc EXCEPT ALL SELECT k, g FROM b_cdc",
     "except": "SELECT k FROM a_cdc EXCEPT SELECT k FROM c_app WHERE v > 50",

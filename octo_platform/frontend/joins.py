@@ -67,20 +67,20 @@ class JoinBinding:
             pushable = {"l": kind in ("inner", "right"), "r": kind in ("inner", "left")}
             lnode, rnode, keys, residual = self.split_on(
                 on, what, left, right, Scope(left.node, lrels),
-                Scope(right.node, rrels), pushable, ambiguous=True, cross=kind == "inner")
+                Scope(right.node, rrels), pushable, ambiguous=True)
         node = Join(lnames + rnames, left=lnode, right=rnode, kind=kind,
                     names=lnames + rnames, left_keys=tuple(k[0] for k in keys),
                     right_keys=tuple(k[1] for k in keys), residual=residual)
         return Scope(node, lrels + rrels, joined=True)
 
     def split_on(self, cond: exp.Expression, what: str, left: Scope, right: Scope,
-                 lq: Scope, rq: Scope, pushable: dict[str, bool], *, ambiguous: bool,
-                 cross: bool = False):
+                 lq: Scope, rq: Scope, pushable: dict[str, bool], *, ambiguous: bool):
         """Split a join condition into equi-keys, conditions pushed into one input and a
         residual. ``lq``/``rq`` resolve to the join's (qualified) names; ``left``/``right``
         to each input's own. Inner names win over outer ones unless ``ambiguous``. Without
-        an equality it is a cross join (keyed by ``CROSS_KEY``) if ``cross``, else an
-        error."""
+        an equality the join is keyed by ``CROSS_KEY``: every row meets every row of the
+        other side, and the residual decides (a change of one side checks the other's
+        whole state)."""
 
         def side_of(col: exp.Column) -> str:
             in_r = rq.lookup(col, self.file) is not None
@@ -118,12 +118,8 @@ class JoinBinding:
                 pushed[next(iter(where))].append(c)
             else:
                 residual.append(self.rewrite(c, both))
-        if not keys and cross:
-            keys.append((CROSS_KEY, CROSS_KEY))
         if not keys:
-            raise self.error(f"{what} has no equality between the two sides (like ON a.id = "
-                             "b.id): a join of two unbounded inputs without one cannot be "
-                             "maintained incrementally", cond)
+            keys.append((CROSS_KEY, CROSS_KEY))
         lnode, rnode = left.node, right.node
         if pushed["l"]:
             lnode = Filter(lnode.columns, input=lnode,
@@ -167,7 +163,7 @@ class JoinBinding:
             _, inner, keys, residual = self.split_on(
                 where.this if where is not None else exp.true(), "EXISTS subquery", scope,
                 inner_scope, scope, Scope(right.node, rrels), {"l": False, "r": True},
-                ambiguous=False, cross=True)
+                ambiguous=False)
         return Join(outer.columns, left=outer, right=inner, kind=kind,
                     names=outer.columns + rnames, left_keys=tuple(k[0] for k in keys),
                     right_keys=tuple(k[1] for k in keys), residual=residual)
