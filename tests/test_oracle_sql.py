@@ -11,10 +11,12 @@ from __future__ import annotations
 
 import random
 
+import pytest
+
 from octo_platform.project import load_project
 from octo_platform.runtime.runner import run_tables
 from octo_platform.wiring import default_options
-from tests.oracle import RandomInput, check_tables, write_lines
+from tests.oracle import RandomInput, check_paths, check_tables, driver_rows, write_lines
 
 TABLES = {
     # comma joins: WHERE equalities become keys (a join order other than FROM's), the rest
@@ -62,12 +64,17 @@ def project_sql(rng: random.Random, tables: dict[str, str]) -> str:
     return "\n".join(parts)
 
 
-def test_sql_breadth_matches_batch_sql(spark, tmp_path):
-    check_rounds(spark, tmp_path, TABLES, seed=20261126)
+# The runs take turns between the driver path and Spark jobs (state written by one read by
+# the other): both places in one test, at a third of the time of all three PATHS.
+@pytest.mark.parametrize("path", ["mixed"])
+def test_sql_breadth_matches_batch_sql(spark, tmp_path, path):
+    check_rounds(spark, tmp_path, TABLES, seed=20261126, path=path)
 
 
-def check_rounds(spark, tmp_path, tables: dict[str, str], seed: int, rounds: int = 3) -> None:
-    """``rounds`` runs over random input; after each, every table equals its batch SQL."""
+def check_rounds(spark, tmp_path, tables: dict[str, str], seed: int, path: str,
+                 rounds: int = 3) -> None:
+    """``rounds`` runs over random input on ``path`` (see ``tests.oracle.PATHS``); after
+    each, every table equals its batch SQL."""
     rng = random.Random(seed)
     sql = project_sql(rng, tables)
     (tmp_path / "sql").mkdir()
@@ -81,8 +88,9 @@ def check_rounds(spark, tmp_path, tables: dict[str, str], seed: int, rounds: int
             for f in range(rng.randint(1, 2)):
                 write_lines(tmp_path / "data" / name, f"r{round_no}-{f}.json",
                             feed.lines(rng.randint(3, 10)))
-        report = run_tables(spark, tmp_path, options=default_options(buckets=4, progress=None),
-                            until_idle=True)
+        report = run_tables(spark, tmp_path, options=default_options(
+            buckets=4, progress=None, driver_rows=driver_rows(path, round_no)), until_idle=True)
         assert report.batches
+        check_paths(report, project, path, round_no)
         inputs = {name: feed.relation() for name, feed in feeds.items()}
         check_tables(spark, tmp_path / "warehouse", sql, inputs, keyed, round_no)

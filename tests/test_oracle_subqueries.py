@@ -4,6 +4,8 @@ correlated by equality), and IN / EXISTS / NOT IN / NOT EXISTS anywhere a boolea
 """
 from __future__ import annotations
 
+import pytest
+
 from tests.test_oracle_sql import check_rounds
 
 TABLES = {
@@ -39,5 +41,6 @@ TABLES = {
 }
 
 
-def test_subqueries_match_batch_sql(spark, tmp_path):
-    check_rounds(spark, tmp_path, TABLES, seed=20261127)
+@pytest.mark.parametrize("path", ["mixed"])  # driver and Spark by turns
+def test_subqueries_match_batch_sql(spark, tmp_path, path):
+    check_rounds(spark, tmp_path, TABLES, seed=20261127, path=path)

@@ -259,6 +259,7 @@ class QueryBinder(JoinBinding, SubqueryBinding, AggregateBinding, OrderBinding):
                 for written, col in r.columns:
                     ref = exp.column(col, quoted=True)
                     ref.meta.update(at)  # errors about expanded columns point at the star
+                    ref.meta["from_star"] = True
                     out.append(ref if written == col else exp.alias_(ref, written, quoted=True))
         return out
 
@@ -272,7 +273,10 @@ class QueryBinder(JoinBinding, SubqueryBinding, AggregateBinding, OrderBinding):
             else:
                 name = f"_c{i}"
             if name.lower() in (n.lower() for n in names):
-                raise self.error(f"duplicate output column {name!r}: give it an alias", item)
+                star = any(x.meta.get("from_star") for x in item.walk())
+                raise self.error(f"duplicate output column {name!r}: " + (
+                    "SELECT * reads two columns of that name (from different tables): list "
+                    "the columns and give one an alias" if star else "give it an alias"), item)
             names.append(name)
         return tuple(names)
 
