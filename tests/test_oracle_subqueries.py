@@ -25,6 +25,8 @@ TABLES = {
     # correlated by an inequality (sqllogictest's rank shape), and by both kinds, in a CASE
     "corr_rank": """SELECT a.id, (SELECT COUNT(*) FROM a_cdc AS x WHERE x.v < a.v) AS r
         FROM a_cdc a""",
+    "corr_rank_join": """SELECT a.id, b.id AS bid, (SELECT COUNT(*) FROM c_app x
+        WHERE x.v < b.v) AS r FROM a_cdc a, b_cdc b WHERE a.k = b.k""",
     "corr_mixed": """SELECT a.id, CASE WHEN (SELECT MAX(b.v) FROM b_cdc b WHERE b.k = a.k
         AND b.d > a.d) > 50 THEN 'hi' ELSE 'lo' END AS c FROM a_cdc a""",
     # IN / EXISTS under OR and in SELECT (NOT IN with its NULLs: v % 13 is NULL at times);

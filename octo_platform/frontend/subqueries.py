@@ -320,7 +320,8 @@ class SubqueryBinding:
                 outer_cols.append(name)
             col.replace(exp.column(f"_o{outer_cols.index(name)}", table="_d", quoted=True))
         picked = tuple(f"_o{i}" for i in range(len(outer_cols)))
-        values = Project(picked, input=scope.node, exprs=tuple(quote(c) for c in outer_cols))
+        source, cols = _narrowest(scope.node, outer_cols)
+        values = Project(picked, input=source, exprs=tuple(quote(c) for c in cols))
         cte = f"{label}_outer"
         ctes = {**ctes, cte: Aggregate(picked, input=values, keys=picked, distinct=True)}
         keys = [exp.column(c, table="_d", quoted=True) for c in picked]
@@ -341,6 +342,30 @@ class SubqueryBinding:
                 side += [f"isnull({ref})", f"coalesce(CAST({ref} AS STRING), '')"]
         return (Scalar(label, node, tuple(outer_keys), tuple(inner_keys)),
                 _or_over_no_rows(label, value))
+
+
+def _narrowest(node: Node, cols: list[str]) -> tuple[Node, list[str]]:
+    """The input deepest in ``node`` whose rows give every value tuple of ``cols`` that
+    ``node``'s rows have (a superset), and the columns there: through filters and into the
+    side of a join that holds them all (the preserved side of an outer join: the other's
+    values may be NULL-padded), so the values of one table of a join are read from it, not
+    from the join."""
+    while True:
+        if isinstance(node, Filter):
+            node = node.input
+            continue
+        if not isinstance(node, Join) or node.kind in ("semi", "anti"):
+            return node, cols
+        nl = len(node.left.columns)
+        at = [node.names.index(c) for c in cols]
+        sides = [("left", node.left, 0)] if node.kind in ("inner", "left") else []
+        sides += [("right", node.right, nl)] if node.kind in ("inner", "right") else []
+        for _, child, offset in sides:
+            if all(offset <= i < offset + len(child.columns) for i in at):
+                node, cols = child, [child.columns[i - offset] for i in at]
+                break
+        else:
+            return node, cols
 
 
 def _or_over_no_rows(label: str, value: exp.Expression) -> exp.Expression:
