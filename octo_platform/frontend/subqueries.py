@@ -1,15 +1,22 @@
-"""Binding of scalar subqueries (a part of ``QueryBinder``).
+"""Binding of subqueries used as values (a part of ``QueryBinder``).
 
-An uncorrelated scalar subquery returns at most one row (a global aggregate, or a
+Scalar subqueries. An uncorrelated one returns at most one row (a global aggregate, or a
 top-1): the query reads it through a LEFT JOIN on the constant key (its one row beside
 every row; NULL when it has none), so a change of its value retracts and re-emits the
 rows that used it. A correlated one, ``(SELECT agg FROM t WHERE t.k = outer.k AND ...)``,
 is decorrelated: GROUP BY the inner sides of its equalities, LEFT JOIN on them, and where
-no group matches, the value over no rows (``COUNT`` 0, other aggregates NULL).
+no group matches, the value over no rows (``COUNT`` 0, other aggregates NULL). Correlated
+by other conditions (``x.b < t.b``), it is computed per distinct value of the outer
+columns it reads (joined with its FROM by its whole WHERE, grouped by them) and joined
+back on those columns, NULLs equal.
+
+Marks. ``IN (subquery)``, ``EXISTS`` and their negations anywhere but as conditions AND-ed
+in WHERE (those are semi / anti joins) become a truth value per row, read from LEFT JOINs
+with the subquery's distinct values (or keys), with ``IN``'s NULLs.
 
 Used in WHERE, in a plain SELECT list or inside an aggregate's argument, the join comes
-before the WHERE; used in HAVING or beside the aggregates of a GROUP BY, after it
-(uncorrelated ones only).
+before the WHERE; a scalar subquery in HAVING or beside the aggregates of a GROUP BY
+comes after it (uncorrelated ones only).
 """
 from __future__ import annotations
 
