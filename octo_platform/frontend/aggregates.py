@@ -22,7 +22,7 @@ from octo_platform.logical.plan import (
     Window,
     project,
 )
-from octo_platform.sqltext import DIALECT, quote, unquote
+from octo_platform.sqltext import DIALECT, quote, referenced_columns, rename_columns, unquote
 
 __all__ = ["AggregateBinding"]
 
@@ -140,14 +140,30 @@ class AggregateBinding:
             node = Aggregate(tuple(post_scope_cols) + agg_cols, input=pre,
                              keys=tuple(post_scope_cols), aggs=tuple(calls))
         for scalar in post_scalars:
-            right = tuple(f"{scalar.label}.{c}" for c in scalar.node.columns)
-            node = Join(node.columns + right, left=node, right=scalar.node, kind="left",
-                        names=node.columns + right, left_keys=(CROSS_KEY,),
-                        right_keys=(CROSS_KEY,))
+            node = self.join_after(node, scalar, key_sql)
         if having_sql is not None:
             node = Filter(node.columns, input=node, conditions=(having_sql,))
         return project(node, names, tuple(select_sql))
 
+
+    def join_after(self, node: Node, scalar: Scalar, key_sql: list[str]) -> Node:
+        """``node`` (a GROUP BY's output) LEFT JOIN a scalar subquery read after it: on the
+        constant key, or on its correlation with GROUP BY columns."""
+        right = tuple(f"{scalar.label}.{c}" for c in scalar.node.columns)
+        group = {unquote(k): f"_g{i}" for i, k in enumerate(key_sql) if unquote(k)}
+        lkeys = []
+        for k in scalar.outer_keys:
+            if not referenced_columns(k) <= set(group):
+                raise self.error("a correlated subquery in HAVING or beside the aggregates of "
+                                 "a GROUP BY may compare inner columns only with GROUP BY "
+                                 "columns", scalar.at)
+            lkeys.append(rename_columns(k, group))
+        inner = scalar.inner_keys or tuple(quote(c) for c in
+                                           scalar.node.columns[:len(scalar.outer_keys)])
+        rkeys = [rename_columns(k, dict(zip(scalar.node.columns, right))) for k in inner]
+        return Join(node.columns + right, left=node, right=scalar.node, kind="left",
+                    names=node.columns + right, left_keys=tuple(lkeys) or (CROSS_KEY,),
+                    right_keys=tuple(rkeys) or (CROSS_KEY,))
 
     def partition_sessions(self, node: Node, keys: list[str], group: exp.Group | None
                            ) -> Node:

@@ -16,7 +16,7 @@ with the subquery's distinct values (or keys), with ``IN``'s NULLs.
 
 Used in WHERE, in a plain SELECT list or inside an aggregate's argument, the join comes
 before the WHERE; a scalar subquery in HAVING or beside the aggregates of a GROUP BY
-comes after it (uncorrelated ones only).
+comes after it (a correlated one there is correlated with GROUP BY columns).
 """
 from __future__ import annotations
 
@@ -54,6 +54,7 @@ class Scalar:
     node: Node
     outer_keys: tuple[str, ...] = ()
     inner_keys: tuple[str, ...] = ()  # over the node's columns; default: its first ones
+    at: exp.Expression | None = None  # a correlated one: where it is written
 
 
 class SubqueryBinding:
@@ -79,7 +80,7 @@ class SubqueryBinding:
                                     exp.Select) is not select)
             self.subqueries += 1
             label = f"_sq{self.subqueries}"
-            scalar, value = self.scalar(sub, scope, label, ctes, correlated_ok=not after)
+            scalar, value = self.scalar(sub, scope, label, ctes)
             if after:
                 post.append(scalar)
             else:
@@ -237,8 +238,8 @@ class SubqueryBinding:
                     names=names + right, left_keys=lkeys, right_keys=rkeys)
         return Scope(node, rels + [rel], scope.outer, joined=True)
 
-    def scalar(self, sub: exp.Subquery, scope: Scope, label: str, ctes: dict[str, Node], *,
-               correlated_ok: bool) -> tuple[Scalar, exp.Expression]:
+    def scalar(self, sub: exp.Subquery, scope: Scope, label: str, ctes: dict[str, Node]
+               ) -> tuple[Scalar, exp.Expression]:
         """The plan of one scalar subquery and the expression that stands for it."""
         query = sub.this
         try:
@@ -247,11 +248,9 @@ class SubqueryBinding:
             if not isinstance(query, exp.Select) or not self.references_outer(query, scope,
                                                                                ctes):
                 raise
-            if not correlated_ok:
-                raise self.error("a correlated subquery in HAVING or beside the aggregates "
-                                 f"of a GROUP BY is not supported: {WHERE_TO_WRITE}",
-                                 sub) from first
-            return self.correlated(query, scope, label, ctes)
+            scalar, value = self.correlated(query, scope, label, ctes)
+            scalar.at = sub
+            return scalar, value
         if len(node.columns) != 1:
             raise self.error(f"a scalar subquery must return one column (it returns "
                              f"{len(node.columns)})", sub)
