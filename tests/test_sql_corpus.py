@@ -69,6 +69,10 @@ SELECT DISTINCT cor0.col1 FROM tab0 cor0, tab1 cor1, tab2 cor2 WHERE cor0.col0 =
 SELECT col0, col1 FROM tab0 UNION ALL SELECT col0, col1 FROM tab1 EXCEPT SELECT col1, col2 FROM tab2
 SELECT col0 FROM tab0 t WHERE EXISTS (SELECT 1 FROM tab1 u WHERE u.col0 > t.col0)
 SELECT SUM(col0) FROM tab0 WHERE col1 NOT IN (SELECT col2 FROM tab1) AND col0 IN (SELECT col0 FROM tab2)
+SELECT col1, COUNT(*) FROM tab0 t GROUP BY col1 HAVING COUNT(*) > (SELECT COUNT(*) FROM tab1 u WHERE u.col2 = t.col1)
+SELECT col1, (SELECT MAX(u.col0) FROM tab1 u WHERE u.col2 < t.col1), SUM(col2) FROM tab0 t GROUP BY col1
+SELECT cor0.col1 FROM tab0 cor0 LEFT JOIN tab1 cor1 ON cor0.col2 > cor1.col2
+SELECT x1, (SELECT count(*) FROM s2 WHERE b2 < a1) FROM s1, s3 WHERE a1 = a3
 """.strip().splitlines()
 
 REFUSED = {
@@ -86,6 +90,10 @@ REFUSED = {
         "every DISTINCT aggregate of the SELECT has the same argument",
     "SELECT col1 FROM tab0 a, tab1 b RIGHT JOIN tab2 c ON b.col0 = c.col0":
         "RIGHT JOIN after a comma or CROSS JOIN",
+    "SELECT col1 FROM tab0 t GROUP BY col1 HAVING COUNT(*) > (SELECT COUNT(*) FROM tab1 u "
+    "WHERE u.col2 = t.col0)": "may compare inner columns only with GROUP BY columns",
+    "SELECT col0 FROM tab0 t WHERE col1 > 2 OR col2 IN (SELECT u.col1 FROM tab1 u WHERE "
+    "u.col0 = t.col0)": "a correlated IN (subquery) outside a condition AND-ed in WHERE",
 }
 
 
