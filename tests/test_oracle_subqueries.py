@@ -48,4 +48,4 @@ TABLES = {
 
 @pytest.mark.parametrize("path", ["mixed"])  # driver and Spark by turns
 def test_subqueries_match_batch_sql(spark, tmp_path, path):
-    check_rounds(spark, tmp_path, TABLES, seed=20261127, path=path)
+    check_rounds(spark, tmp_path, TABLES, seed=20261127, path=path, rounds=2)

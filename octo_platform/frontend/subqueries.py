@@ -173,6 +173,9 @@ class SubqueryBinding:
             if query.args.get(arg) is not None:
                 raise self.error(f"{arg.upper()} in a correlated EXISTS is not supported here",
                                  query.args[arg])
+        if any(isinstance(n, exp.AggFunc) for i in query.expressions for n in i.walk()):
+            raise self.error("aggregates in a correlated EXISTS subquery are not supported "
+                             "(it has a row whatever the aggregate: write TRUE)", query)
         inner = self.from_(query, ctes)
         split = self.correlation(query, inner, scope, "a correlated EXISTS", strict=False)
         if split is None:  # correlated otherwise: whether COUNT(*) over its rows > 0
