@@ -4,8 +4,10 @@ becomes a logical plan whose expressions are Spark SQL over plan columns.
 Names are resolved against a ``Scope``; views and CTEs are inlined; unsupported shapes
 are rejected with an error pointing at the SQL (``shapes``). The plan is built
 straightforwardly: the optimizer's rules then push filters, bound top-Ns and prune columns.
-The binder's parts live beside it, mixed into ``QueryBinder``: ``joins`` (FROM, joins,
-subqueries in WHERE), ``aggregates`` (GROUP BY) and ``ordering`` (top-N, OVER).
+Set operations are here (EXCEPT / INTERSECT as a GROUP BY counting each side's copies);
+the binder's other parts live beside it, mixed into ``QueryBinder``: ``joins`` (FROM,
+joins, IN / EXISTS AND-ed in WHERE), ``subqueries`` (scalar subqueries, IN / EXISTS
+elsewhere), ``aggregates`` (GROUP BY) and ``ordering`` (top-N, OVER).
 """
 from __future__ import annotations
 
