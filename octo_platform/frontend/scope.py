@@ -24,6 +24,7 @@ class Rel:
 
     aliases: set[str]
     columns: list[tuple[str, str]]
+    hidden: bool = False  # a scalar subquery's: not in SELECT *
 
     def find(self, name: str) -> str | None:
         name = name.lower()
@@ -88,5 +89,6 @@ class Scope:
         if self.joined:
             return self.node.columns, self.rels
         rename = {c: f"{label}.{c}" for c in self.node.columns}
-        rels = [Rel(r.aliases, [(w, rename[c]) for w, c in r.columns]) for r in self.rels]
+        rels = [Rel(r.aliases, [(w, rename[c]) for w, c in r.columns], r.hidden)
+                for r in self.rels]
         return tuple(rename[c] for c in self.node.columns), rels

@@ -32,10 +32,6 @@ def check_supported(select: exp.Select, file: SqlFile) -> None:
     if order is not None and limit is None:
         raise error("ORDER BY without LIMIT has no meaning for a streaming table "
                          "(its rows have no order); remove it", order)
-    where = select.args.get("where")
-    allowed = set()
-    for c in conjuncts(where.this) if where is not None else []:
-        allowed |= {id(c), id(c.this)} if isinstance(c, exp.Not) else {id(c)}
     for node in select.walk():
         if isinstance(node, exp.Select) and node is not select:
             continue  # checked when it is bound
@@ -47,19 +43,15 @@ def check_supported(select: exp.Select, file: SqlFile) -> None:
                         "ROW_NUMBER() OVER (...) AS rank, bounded by WHERE rank <= n in "
                         "the enclosing query (top-N), or aggregates OVER a RANGE BETWEEN "
                         "INTERVAL ... PRECEDING AND CURRENT ROW", node)
+        if isinstance(node, (exp.Any, exp.All)) and node.find(exp.Select) is not None:
+            raise error(f"x <op> {node.key.upper()} (subquery) is not supported: write x IN "
+                        "(subquery) for = ANY, or [NOT] EXISTS (SELECT ... WHERE inner <op> "
+                        "outer) for the others", node)
         fname = function_name(node)
         if fname in NONDETERMINISTIC:
             raise error(f"non-deterministic function {fname}() cannot be maintained "
                              "incrementally: a retraction must reproduce the row it "
                              "removes", node)
-        if isinstance(node, (exp.Exists, exp.In)) and (
-                node.args.get("query") is not None or isinstance(node, exp.Exists)) \
-                and id(node) not in allowed:
-            raise error("IN / EXISTS subqueries are supported only as conditions "
-                             "AND-ed together in WHERE", node)
-        if isinstance(node, exp.Subquery) and not isinstance(
-                node.parent, (exp.From, exp.Join, exp.Union, exp.In)):
-            raise error("scalar subqueries are not supported yet", node)
 
 
 def check_bounded(plan: Node, stmt: TableStmt) -> None:

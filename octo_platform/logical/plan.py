@@ -7,6 +7,7 @@ changelog mode and primary key are not stored but derived from its inputs, in on
 """
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass, field, replace
 from typing import Callable, Literal
 
@@ -30,9 +31,11 @@ __all__ = [
     "WINDOW_COLUMNS",
     "SortKey",
     "JoinKind",
+    "CROSS_KEY",
     "changelog_mode",
     "primary_key",
     "project",
+    "generates",
     "transform",
     "explain",
 ]
@@ -40,6 +43,9 @@ __all__ = [
 Mode = Literal["append-only", "updating"]
 JoinKind = Literal["inner", "left", "right", "full", "semi", "anti"]
 AGG_FUNCS = ("count", "sum", "avg", "min", "max")
+# The join key of a cross join, on both sides: every row matches every row of the other
+# side, so a change of one side joins the other side's whole state.
+CROSS_KEY = "0"
 
 
 @dataclass(frozen=True)
@@ -119,6 +125,9 @@ class Filter(Unary):
 
 @dataclass(frozen=True)
 class Project(Unary):
+    """``exprs`` of each input row, named ``columns``. A generator among them (``explode``)
+    makes several rows of one: such a projection keeps no key."""
+
     exprs: tuple[str, ...] = ()
 
     def describe(self) -> str:
@@ -193,6 +202,7 @@ class Join(Node):
     are addressable in one namespace; ``left_keys``/``right_keys`` (pairwise equal) and
     ``residual`` are Spark SQL over those names. Output: ``names`` for inner/outer joins,
     the left names only for semi/anti joins (``IN``/``EXISTS``/``NOT EXISTS``).
+    A cross join (no equality between the sides) has the constant key ``CROSS_KEY``.
     """
 
     left: Node = field(default=None)  # type: ignore[assignment]
@@ -211,13 +221,20 @@ class Join(Node):
     def with_inputs(self, inputs: tuple[Node, ...]) -> Node:
         return replace(self, left=inputs[0], right=inputs[1])
 
+    @property
+    def cross(self) -> bool:
+        """A cross join: each change of one side joins all rows of the other."""
+        return self.left_keys == (CROSS_KEY,) and self.right_keys == (CROSS_KEY,)
+
     def condition(self) -> str:
         keys = [f"{a} = {b}" for a, b in zip(self.left_keys, self.right_keys)]
         return " AND ".join(keys + ([f"({self.residual})"] if self.residual else []))
 
     def describe(self) -> str:
         ttl = f" state_ttl={span_text(self.ttl_us)}" if self.ttl_us else ""
-        return f"Join {self.kind} on {self.condition()}{ttl}"
+        cross = (" (cross join: a change of one side joins all rows of the other)"
+                 if self.cross else "")
+        return f"Join {self.kind} on {self.condition()}{ttl}{cross}"
 
 
 @dataclass(frozen=True)
@@ -354,6 +371,8 @@ def primary_key(node: Node) -> tuple[str, ...] | None:
     if isinstance(node, UnionAll):
         return None
     if isinstance(node, Project):
+        if any(generates(e) for e in node.exprs):
+            return None  # a row repeated
         return _carried(node.input.pk, node.input.columns, node.columns, node.exprs)
     if isinstance(node, Join):
         nl = len(node.left.columns)
@@ -379,6 +398,17 @@ def _carried(pk: tuple[str, ...] | None, inputs: tuple[str, ...], names: tuple[s
             if e == quote(c) and c not in mapping:
                 mapping[c] = name
     return tuple(mapping[k] for k in pk) if all(k in mapping for k in pk) else None
+
+
+_QUOTED = re.compile(r"`(?:[^`]|``)+`|'(?:[^'\\]|\\.)*'|\"(?:[^\"\\]|\\.)*\"", re.S)
+_GENERATOR = re.compile(r"\b(?:pos)?explode(?:_outer)?\s*\(|\binline(?:_outer)?\s*\(|"
+                        r"\bstack\s*\(", re.I)
+
+
+def generates(sql: str) -> bool:
+    """Whether the expression ``sql`` calls a generator (``explode``, ``inline``, ``stack``),
+    which makes rows of one."""
+    return _GENERATOR.search(_QUOTED.sub("", sql)) is not None
 
 
 def project(node: Node, names: tuple[str, ...], exprs: tuple[str, ...]) -> Node:

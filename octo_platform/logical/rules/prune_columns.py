@@ -14,6 +14,7 @@ from octo_platform.logical.plan import (
     TopN,
     UnionAll,
     Window,
+    generates,
     project,
 )
 from octo_platform.sqltext import quote, referenced_columns
@@ -29,7 +30,8 @@ def prune_columns(plan: Node) -> Node:
 def _prune(node: Node, needed: set[str]) -> Node:
     """``node`` keeping at least ``needed`` (a subset of its columns)."""
     if isinstance(node, Project):
-        keep = [(c, e) for c, e in zip(node.columns, node.exprs) if c in needed]
+        # a generator's column stays: it decides how many rows each input row makes
+        keep = [(c, e) for c, e in zip(node.columns, node.exprs) if c in needed or generates(e)]
         child = _prune(node.input, referenced_columns(*(e for _, e in keep)))
         return replace(node, columns=tuple(c for c, _ in keep), exprs=tuple(e for _, e in keep),
                        input=child)
