@@ -263,8 +263,7 @@ class AggregateKernel:
                 new = pc.add(pc.fill_null(old, zero), pc.fill_null(both[f"d.d{f}"].cast(t),
                                                                     zero)).cast(t)
             elif a.strategy == "running":
-                new = pc.min_element_wise(old, both[f"d.d{f}"].cast(t)) if a.func == "min" \
-                    else pc.max_element_wise(old, both[f"d.d{f}"].cast(t))
+                new = _extreme(a.func, old, both[f"d.d{f}"].cast(t))
             else:
                 r = both[f"d.r{i}"]
                 new = (pc.fill_null(r, 0) if a.func == "count" else r).cast(t)
@@ -296,6 +295,13 @@ class AggregateKernel:
             return part.append_column(WEIGHT, pa.array([weight] * part.num_rows, pa.int64())
                                       ).rename_columns(out.names)
         return concat([side("o", "_oe", -1), side("n", "_ne", 1)], out)
+
+
+def _extreme(func: str, a: pa.ChunkedArray, b: pa.ChunkedArray) -> pa.ChunkedArray:
+    """Element-wise ``least``/``greatest`` skipping NULLs, as Spark's (for every ordered
+    type: Arrow's ``min_element_wise`` has no kernel for zoned timestamps)."""
+    pick_b = pc.less(b, a) if func == "min" else pc.greater(b, a)
+    return pc.if_else(pc.is_null(a), b, pc.if_else(pc.fill_null(pick_b, False), b, a))
 
 
 def _unsuffix(name: str, aggs: list[tuple[str, str]]) -> str:
