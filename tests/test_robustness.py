@@ -255,9 +255,9 @@ def test_killed_python_workers_are_replaced_and_the_run_is_exactly_once(spark, t
         if line.startswith("[per_k] batch 0:") and not killed:
             killed.extend(kill_spark_pythons())
 
-    try:
-        report = run_tables(spark, tmp_path, options=default_options(buckets=4, progress=progress),
-                            until_idle=True)
+    try:  # driver_rows=0: the batches run as Spark jobs, where the faults are
+        report = run_tables(spark, tmp_path, options=default_options(
+            buckets=4, progress=progress, driver_rows=0), until_idle=True)
     finally:
         heal(spark)
     assert any("pyspark.worker" in k for k in killed), f"the fault must fire: killed {killed}"
@@ -298,9 +298,9 @@ def test_a_batch_whose_spark_job_fails_is_retried_in_its_handler(spark, tmp_path
 
     thread = threading.Thread(target=saboteur, daemon=True)
     thread.start()
-    try:
-        report = run_tables(spark, tmp_path, options=default_options(buckets=4, progress=progress),
-                            names=["per_k"], until_idle=True)
+    try:  # driver_rows=0: the batches run as Spark jobs, where the fault is
+        report = run_tables(spark, tmp_path, options=default_options(
+            buckets=4, progress=progress, driver_rows=0), names=["per_k"], until_idle=True)
     finally:
         finished.set()
         thread.join()
