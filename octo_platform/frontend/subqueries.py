@@ -247,7 +247,7 @@ class SubqueryBinding:
         query = sub.this
         try:
             node = self.query(query, ctes)
-        except PlanError as first:
+        except PlanError:
             if not isinstance(query, exp.Select) or not self.references_outer(query, scope,
                                                                                ctes):
                 raise
