@@ -54,6 +54,16 @@ class OrderBinding:
         top = TopN(node.columns, input=node, order=tuple(keys), n=n)
         return project(top, names, tuple(quote(c) for c in names))
 
+    def window_column(self, e: exp.Expression, scope, cols: list[str],
+                      exprs: list[str]) -> str:
+        """The column of the projection under a window that holds ``e``'s value: an
+        existing one with the same SQL, else a new ``_w<i>`` appended to ``cols``/``exprs``."""
+        text = self.rewrite(e, scope)
+        if text not in exprs:
+            exprs.append(text)
+            cols.append(f"_w{len(cols)}")
+        return cols[exprs.index(text)]
+
     def row_number(self, items: list[exp.Expression], names: tuple[str, ...],
                    windows: list[int], scope: Scope) -> Node:
         """``ROW_NUMBER() OVER (PARTITION BY p ORDER BY o) AS rank``: an unbounded top-N that
@@ -72,11 +82,7 @@ class OrderBinding:
         exprs = [self.rewrite(item, scope) for i, item in enumerate(items) if i != windows[0]]
 
         def column_for(e: exp.Expression) -> str:
-            text = self.rewrite(e, scope)
-            if text not in exprs:
-                exprs.append(text)
-                cols.append(f"_w{len(cols)}")
-            return cols[exprs.index(text)]
+            return self.window_column(e, scope, cols, exprs)
 
         partition = tuple(column_for(p) for p in w.args.get("partition_by") or [])
         keys = tuple(SortKey(column_for(o.this), bool(o.args.get("desc")),
@@ -94,11 +100,7 @@ class OrderBinding:
         exprs = [self.rewrite(item, scope) for i, item in enumerate(items) if i not in windows]
 
         def column_for(e: exp.Expression) -> str:
-            text = self.rewrite(e, scope)
-            if text not in exprs:
-                exprs.append(text)
-                cols.append(f"_w{len(cols)}")
-            return cols[exprs.index(text)]
+            return self.window_column(e, scope, cols, exprs)
 
         form = ("f(x) OVER (PARTITION BY ... ORDER BY time RANGE BETWEEN INTERVAL '<n>' "
                 "<unit> PRECEDING AND CURRENT ROW), f one of COUNT, SUM, AVG, MIN, MAX")
