@@ -23,6 +23,7 @@ from sqlglot import exp
 from octo_platform.frontend.parser import SourceStmt, TableStmt, ViewStmt, parse_sql
 
 __all__ = ["norm", "replay", "batch_result", "check_changelog", "check_tables", "check_sink",
+           "check_rounds",
            "RandomInput", "write_lines", "PATHS", "driver_rows"]
 
 # Where batches run (``runtime/driver.py``): every batch as Spark jobs, every batch the
@@ -35,6 +36,29 @@ def driver_rows(path: str, run: int) -> int:
     """The ``driver_rows`` option of a test's ``run``-th run on ``path``."""
     driver = path == "driver" or (path == "mixed" and run % 2 == 0)
     return 10**9 if driver else 0
+
+
+def check_rounds(spark: Any, root: Path, sql: str, project: Any, tables: Any,
+                 feeds: dict[str, Any], rng: random.Random, path: str, rounds: int,
+                 lines: tuple[int, int]) -> None:
+    """``rounds`` runs on ``path``, each after 1-2 new files of ``lines`` random records per
+    feed; after each, where every batch ran (``check_paths``) and each of ``tables``' replay
+    equals its batch SQL (``check_tables``)."""
+    from octo_platform.runtime.runner import run_tables
+    from octo_platform.wiring import default_options
+
+    keyed = {n: project.table(n).physical.pk is not None for n in tables}
+    for round_no in range(rounds):
+        for name, feed in feeds.items():
+            for f in range(rng.randint(1, 2)):
+                write_lines(root / "data" / name, f"r{round_no}-{f}.json",
+                            feed.lines(rng.randint(*lines)))
+        report = run_tables(spark, root, options=default_options(
+            buckets=4, progress=None, driver_rows=driver_rows(path, round_no)), until_idle=True)
+        assert report.batches
+        check_paths(report, project, path, round_no)
+        inputs = {name: feed.relation() for name, feed in feeds.items()}
+        check_tables(spark, root / "warehouse", sql, inputs, keyed, round_no)
 
 
 def check_paths(report: Any, project: Any, path: str, run: int) -> None:

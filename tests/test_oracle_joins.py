@@ -13,16 +13,7 @@ import random
 import pytest
 
 from octo_platform.project import load_project
-from octo_platform.runtime.runner import run_tables
-from octo_platform.wiring import default_options
-from tests.oracle import (
-    PATHS,
-    RandomInput,
-    check_paths,
-    check_tables,
-    driver_rows,
-    write_lines,
-)
+from tests.oracle import PATHS, RandomInput, check_rounds
 
 A = "a.id AS aid, b.id AS bid"
 TABLES = {
@@ -85,17 +76,6 @@ def test_joins_and_top_n_match_batch_sql(spark, tmp_path, path):
     (tmp_path / "sql").mkdir()
     (tmp_path / "sql" / "tables.sql").write_text(sql)
     project = load_project(tmp_path)
-    keyed = {n: project.table(n).physical.pk is not None for n in TABLES}
     feeds = {f"{side}_{kind}": RandomInput(seed + i, kind == "cdc")
              for i, (side, kind) in enumerate((s, k) for s in "ab" for k in ("app", "cdc"))}
-    for round_no in range(3):
-        for name, feed in feeds.items():
-            for f in range(rng.randint(1, 2)):
-                write_lines(tmp_path / "data" / name, f"r{round_no}-{f}.json",
-                            feed.lines(rng.randint(3, 12)))
-        report = run_tables(spark, tmp_path, options=default_options(
-            buckets=4, progress=None, driver_rows=driver_rows(path, round_no)), until_idle=True)
-        assert report.batches
-        check_paths(report, project, path, round_no)
-        inputs = {name: feed.relation() for name, feed in feeds.items()}
-        check_tables(spark, tmp_path / "warehouse", sql, inputs, keyed, round_no)
+    check_rounds(spark, tmp_path, sql, project, TABLES, feeds, rng, path, 3, lines=(3, 12))

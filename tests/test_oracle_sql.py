@@ -14,9 +14,8 @@ import random
 import pytest
 
 from octo_platform.project import load_project
-from octo_platform.runtime.runner import run_tables
-from octo_platform.wiring import default_options
-from tests.oracle import RandomInput, check_paths, check_tables, driver_rows, write_lines
+from tests import oracle
+from tests.oracle import RandomInput
 
 TABLES = {
     # comma joins: WHERE equalities become keys (a join order other than FROM's), the rest
@@ -80,17 +79,7 @@ def check_rounds(spark, tmp_path, tables: dict[str, str], seed: int, path: str,
     (tmp_path / "sql").mkdir()
     (tmp_path / "sql" / "tables.sql").write_text(sql)
     project = load_project(tmp_path)
-    keyed = {n: project.table(n).physical.pk is not None for n in tables}
     feeds = {name: RandomInput(seed + i, name.endswith("cdc"))
              for i, name in enumerate(("a_cdc", "b_cdc", "c_app"))}
-    for round_no in range(rounds):
-        for name, feed in feeds.items():
-            for f in range(rng.randint(1, 2)):
-                write_lines(tmp_path / "data" / name, f"r{round_no}-{f}.json",
-                            feed.lines(rng.randint(3, 10)))
-        report = run_tables(spark, tmp_path, options=default_options(
-            buckets=4, progress=None, driver_rows=driver_rows(path, round_no)), until_idle=True)
-        assert report.batches
-        check_paths(report, project, path, round_no)
-        inputs = {name: feed.relation() for name, feed in feeds.items()}
-        check_tables(spark, tmp_path / "warehouse", sql, inputs, keyed, round_no)
+    oracle.check_rounds(spark, tmp_path, sql, project, tables, feeds, rng, path, rounds,
+                        lines=(3, 10))
