@@ -13,11 +13,12 @@ from __future__ import annotations
 import os
 import signal
 import subprocess
+import random
 import time
 from pathlib import Path
 from typing import Callable, Sequence
 
-__all__ = ["start_session", "session_pids", "stop_session", "run_killing"]
+__all__ = ["start_session", "session_pids", "stop_session", "run_killing", "mid_run"]
 
 
 def _stat(pid: int) -> tuple[str, int, int] | None:
@@ -134,3 +135,20 @@ def run_killing(cmd: Sequence[str], log: Path, *, until: Callable[[subprocess.Po
         assert proc.returncode == 0, log.read_text()[-5000:]
         return killed
     raise AssertionError(f"{attempts} runs and none finished: {log.read_text()[-3000:]}")
+
+
+def mid_run(log: Path, rng: random.Random, *, batches: tuple[int, int] = (1, 1),
+            delay: float = 2.0, timeout: float = 300.0) -> Callable[[subprocess.Popen], None]:
+    """An ``until`` for `run_killing`: a random moment in the middle of a run, however fast
+    its batches are. It waits until the run has logged a random number (in ``batches``) of new
+    batch lines, then a random time of at most ``delay`` seconds."""
+    log.touch()
+
+    def until(proc: subprocess.Popen) -> None:
+        wanted = log.read_text().count("] batch ") + rng.randint(*batches)
+        deadline = time.monotonic() + timeout
+        while log.read_text().count("] batch ") < wanted and proc.poll() is None \
+                and time.monotonic() < deadline:
+            time.sleep(0.05)
+        time.sleep(rng.uniform(0, delay))
+    return until

@@ -6,9 +6,7 @@ from __future__ import annotations
 import os
 import random
 import shutil
-import subprocess
 import sys
-import time
 from collections import Counter
 from pathlib import Path
 
@@ -17,7 +15,7 @@ from deltalake import DeltaTable
 from octo_platform.runtime.runner import run_tables
 from octo_platform.wiring import default_options
 from tests.oracle import RandomInput, batch_result, current, norm, replay, write_lines
-from tests.processes import run_killing
+from tests.processes import mid_run, run_killing
 
 SQL = """
 CREATE SOURCE src ({ddl}) WITH (connector = 'files', path = 'data/src', format = '{fmt}',
@@ -67,12 +65,9 @@ def test_sigkill_at_random_moments_loses_and_doubles_nothing(spark, tmp_path):
     cmd = [sys.executable, "-m", "octo_platform.cli", "run", "--all", "--until-idle",
            "--project", str(crashed)]
 
-    def until(proc: subprocess.Popen) -> None:
-        deadline = time.monotonic() + rng.uniform(9, 20)
-        while time.monotonic() < deadline and proc.poll() is None:
-            time.sleep(0.2)
-
-    kills = run_killing(cmd, tmp_path / "runs.log", until=until, kills=3, attempts=5, env=env)
+    log = tmp_path / "runs.log"
+    until = mid_run(log, rng, batches=(1, 8), delay=1.0)
+    kills = run_killing(cmd, log, until=until, kills=3, attempts=5, env=env)
     assert kills >= 2, "the test must actually kill runs mid-way"
 
     for table in TABLES:
@@ -149,12 +144,9 @@ def test_sigkill_with_event_time_loses_and_doubles_nothing(spark, tmp_path):
     cmd = [sys.executable, "-m", "octo_platform.cli", "run", "--all", "--until-idle",
            "--project", str(crashed)]
 
-    def until(proc: subprocess.Popen) -> None:
-        deadline = time.monotonic() + rng.uniform(9, 18)
-        while time.monotonic() < deadline and proc.poll() is None:
-            time.sleep(0.2)
-
-    kills = run_killing(cmd, tmp_path / "runs.log", until=until, kills=2, attempts=4, env=env)
+    log = tmp_path / "runs.log"
+    until = mid_run(log, rng, batches=(1, 6), delay=1.0)
+    kills = run_killing(cmd, log, until=until, kills=2, attempts=4, env=env)
     assert kills >= 1, "the test must actually kill runs mid-way"
     for table in ("per_minute", "sessions", "recent"):
         assert events(crashed / "warehouse", table) == events(reference / "warehouse", table)

@@ -260,13 +260,11 @@ def test_runs_killed_mid_way_read_each_offset_once(spark, tmp_path):
     """SIGKILLed runs (some while a sink publishes) resume from the logged offset ranges:
     the replayed changelog equals the batch query over every message, so nothing was lost
     or read twice; the sink's topic holds each change event once, in order per key."""
-    import subprocess
     import sys
-    import time
 
     from tests.kafka_broker import read_topic
     from tests.oracle import batch_result, check_changelog, check_sink, current, replay
-    from tests.processes import run_killing
+    from tests.processes import mid_run, run_killing
 
     rng = random.Random(11)
     with tansu() as address:
@@ -290,18 +288,8 @@ def test_runs_killed_mid_way_read_each_offset_once(spark, tmp_path):
         cmd = [sys.executable, "-m", "octo_platform.cli", "run", "--all", "--until-idle",
                "--project", str(tmp_path)]
         log = tmp_path / "runs.log"
-        log.touch()
-
-        def until(proc: subprocess.Popen) -> None:
-            """A random moment after the run's first committed batch (its sinks publish
-            right after it)."""
-            before = log.read_text().count("] batch ")
-            deadline = time.monotonic() + 120
-            while log.read_text().count("] batch ") == before and proc.poll() is None \
-                    and time.monotonic() < deadline:
-                time.sleep(0.05)
-            time.sleep(rng.uniform(0, 2))
-
+        # a random moment after the run's first committed batch (its sinks publish right after it)
+        until = mid_run(log, rng)
         kills = run_killing(cmd, log, until=until, kills=2, attempts=4)
         assert kills == 2, "the test must actually kill runs mid-way"
         warehouse = tmp_path / "warehouse"
