@@ -14,6 +14,7 @@ from typing import TYPE_CHECKING, Callable
 
 from connectors import debezium
 from octo_platform.columns import WEIGHT
+from octo_platform.local_frames import local_frame
 from octo_platform.sqltext import quote
 
 if TYPE_CHECKING:
@@ -97,7 +98,7 @@ def read_files_local(spark: SparkSession, source: FileSource, files: list[str]) 
             raise LookupError("Parquet files of different schemas")
         data = pa.concat_tables([t.append_column("_file", pa.array([n] * t.num_rows, pa.string()))
                                  for t, n in zip(tables, names)])
-        return _parquet_records(spark.createDataFrame(data), source)
+        return _parquet_records(local_frame(spark, data), source)
     values, where = [], []
     for f, n in zip(files, names):
         with open(f, "rb") as fh:
@@ -106,8 +107,8 @@ def read_files_local(spark: SparkSession, source: FileSource, files: list[str]) 
             lines.pop()
         values += [line.removesuffix("\r") for line in lines]
         where += [n] * len(lines)
-    lines = spark.createDataFrame(pa.table({"value": pa.array(values, pa.string()),
-                                            "file": pa.array(where, pa.string())}))
+    lines = local_frame(spark, pa.table({"value": pa.array(values, pa.string()),
+                                         "file": pa.array(where, pa.string())}))
     return parse_json(lines, source)
 
 

@@ -24,6 +24,7 @@ from pyarrow import fs
 __all__ = ["DeltaStore", "DataFile"]
 
 DataFile = dict[str, Any]  # {"path": relative, "size": bytes, "rows": n, "partition": {...}}
+_SNAPSHOTS = 256  # snapshots' add actions kept per thread (DeltaStore._actions)
 
 
 def _open_output(storage_options: dict[str, str] | None, path: str,
@@ -60,12 +61,20 @@ def _commit_stamp(path: str, version: int) -> tuple[int, int] | None:
     return st.st_ino, st.st_mtime_ns
 
 
+def _newer(path: str, version: int) -> bool:
+    """Whether the table may have commits after ``version``: for a local table, whether
+    the next commit file exists (one ``stat``, where an update of the handle lists the log)."""
+    return "://" in path or os.path.exists(
+        os.path.join(path, "_delta_log", f"{version + 1:020d}.json"))
+
+
 class DeltaStore:
     """Reads and idempotent writes of the Delta tables under a warehouse.
 
     A local table's handle is kept open per thread (a pipeline runs its batches on one
     thread) and brought up to date incrementally before each use: a full open reads and
-    replays the whole log (~8 ms here), an update only the new commits (~0.4 ms). A handle
+    replays the whole log (~8 ms here), an update only the new commits (~0.4 ms), and none
+    is made when the next commit file is not there. A handle
     whose newest commit file is no longer the one it read (the table was deleted and made
     again, e.g. by ``octo reset``) is dropped and the table opened afresh.
     """
@@ -83,11 +92,10 @@ class DeltaStore:
             kept = None
         if kept is not None:
             dt = kept[0]
-            if version is None:
+            if (version is None or version > dt.version()) and _newer(path, dt.version()):
                 dt.update_incremental()
                 handles[path] = (dt, _commit_stamp(path, dt.version()))
-                return dt
-            if dt.version() == version:
+            if version is None or dt.version() == version:
                 return dt
         try:
             dt = DeltaTable(path, version=version, storage_options=self.storage_options)
@@ -97,6 +105,28 @@ class DeltaStore:
             handles[path] = (dt, _commit_stamp(path, dt.version()))
         return dt
 
+    def _actions(self, path: str, version: int) -> tuple[pa.Table, str] | None:
+        """The add actions (flattened) of a snapshot and the table's URI; None when there is
+        no table. A
+        snapshot never changes, so each thread keeps the last ``_SNAPSHOTS`` it read (a
+        local table's entry is checked against its commit file, as handles are)."""
+        memo: dict[tuple[str, int], tuple[tuple[pa.Table, str], Any]] = \
+            self._handles.__dict__.setdefault("actions", {})
+        key = (path, version)
+        local = "://" not in path
+        kept = memo.pop(key, None)
+        if kept is not None and (not local or _commit_stamp(path, version) == kept[1]):
+            memo[key] = kept  # most recently used last
+            return kept[0]
+        dt = self._open(path, version)
+        if dt is None:
+            return None
+        actions = (pa.table(dt.get_add_actions(flatten=True)), dt.table_uri.rstrip("/"))
+        memo[key] = (actions, _commit_stamp(path, version) if local else None)
+        while len(memo) > _SNAPSHOTS:
+            memo.pop(next(iter(memo)))
+        return actions
+
     def version(self, path: str) -> int | None:
         """Current version of the table at ``path``, None if there is no table."""
         dt = self._open(path)
@@ -105,39 +135,29 @@ class DeltaStore:
     def files(self, path: str, version: int | None,
               partitions: set[int] | None = None) -> list[str]:
         """Data file URIs of a snapshot, optionally only those of some ``_bucket`` partitions."""
-        if version is None:
-            return []
-        dt = self._open(path, version)
-        if dt is None:
-            return []
-        if partitions is None:
-            return dt.file_uris()
-        actions = pa.table(dt.get_add_actions(flatten=True))
-        col = "partition._bucket"
-        if col not in actions.column_names:
-            return dt.file_uris()
-        base = dt.table_uri.rstrip("/")
-        out = []
-        for rel, bucket in zip(actions.column("path").to_pylist(),
-                               actions.column(col).to_pylist()):
-            if bucket is not None and int(bucket) in partitions:
-                out.append(rel if "://" in rel else f"{base}/{rel}")
-        return out
+        files = self.data_files(path, version)
+        if partitions is None or not files or "_bucket" not in files[0]["partition"]:
+            return [f["uri"] for f in files]
+        return [f["uri"] for f in files
+                if f["partition"]["_bucket"] is not None
+                and int(f["partition"]["_bucket"]) in partitions]
 
     def data_files(self, path: str, version: int | None) -> list[DataFile]:
-        """The data files of a snapshot: ``uri``, ``path`` (relative), ``rows``, ``size``."""
-        dt = None if version is None else self._open(path, version)
-        if dt is None:
+        """The data files of a snapshot: ``uri``, ``path`` (relative), ``rows``, ``size``
+        and ``partition`` (the ``_bucket`` value, when the table has that column)."""
+        snapshot = None if version is None else self._actions(path, version)
+        if snapshot is None or not snapshot[0].num_rows:
             return []
-        actions = pa.table(dt.get_add_actions(flatten=True))
-        if not actions.num_rows:
-            return []
-        base = dt.table_uri.rstrip("/")
+        actions, base = snapshot
+        col = "partition._bucket"
+        buckets = (actions.column(col).to_pylist() if col in actions.column_names
+                   else None)
         return [{"uri": rel if "://" in rel else f"{base}/{rel}", "path": rel, "rows": rows,
-                 "size": size}
-                for rel, rows, size in zip(actions.column("path").to_pylist(),
-                                           actions.column("num_records").to_pylist(),
-                                           actions.column("size_bytes").to_pylist())]
+                 "size": size, "partition": {} if buckets is None else {"_bucket": buckets[i]}}
+                for i, (rel, rows, size) in enumerate(zip(
+                    actions.column("path").to_pylist(),
+                    actions.column("num_records").to_pylist(),
+                    actions.column("size_bytes").to_pylist()))]
 
     def added_files(self, path: str, from_version: int | None, to_version: int) -> list[str]:
         """Files in ``to_version`` that were not in ``from_version`` (append-only tables)."""
@@ -147,14 +167,13 @@ class DeltaStore:
     def num_rows(self, path: str, version: int | None = None) -> int | None:
         """Rows in a snapshot, from the file statistics of the Delta log (no data read);
         None when there is no table."""
-        dt = self._open(path, version)
-        if dt is None:
+        version = self.version(path) if version is None else version
+        if version is None or self._actions(path, version) is None:
             return None
-        actions = pa.table(dt.get_add_actions(flatten=True))
-        counts = actions.column("num_records").to_pylist() if actions.num_rows else []
-        if any(c is None for c in counts):  # a writer without statistics: count the rows
-            return dt.to_pyarrow_dataset().count_rows()
-        return int(sum(counts))
+        files = self.data_files(path, version)
+        if any(f["rows"] is None for f in files):  # a writer without statistics: count them
+            return self._open(path, version).to_pyarrow_dataset().count_rows()
+        return sum(int(f["rows"]) for f in files)
 
     def read(self, path: str, version: int | None = None) -> pa.Table | None:
         dt = self._open(path, version)
@@ -235,7 +254,8 @@ class DeltaStore:
                                           commit_properties=props)
             return 0
         if replace is not None or remove:
-            actions += self._removals(dt, replace, set(remove), now)
+            actions += self._removals(self.data_files(path, dt.version()), replace,
+                                      set(remove), now)
         if not actions:
             return dt.version()
         dt.create_write_transaction(actions, "append", delta_schema, partition_by=partition_by,
@@ -243,21 +263,16 @@ class DeltaStore:
         return dt.version() + 1
 
     @staticmethod
-    def _removals(dt: DeltaTable, replace: set[int] | Literal["all"] | None, remove: set[str],
-                  now: int) -> list[RemoveAction]:
-        actions = pa.table(dt.get_add_actions(flatten=True))
-        if not actions.num_rows:
-            return []
-        paths = actions.column("path").to_pylist()
-        sizes = actions.column("size_bytes").to_pylist()
-        col = "partition._bucket"
-        buckets = (actions.column(col).to_pylist() if col in actions.column_names
-                   else [None] * len(paths))
-        return [RemoveAction(p, True, now, size,
-                             {} if b is None else {"_bucket": str(b)})
-                for p, size, b in zip(paths, sizes, buckets)
-                if replace == "all" or p in remove
-                or (replace is not None and b is not None and int(b) in replace)]
+    def _removals(files: list[DataFile], replace: set[int] | Literal["all"] | None,
+                  remove: set[str], now: int) -> list[RemoveAction]:
+        out = []
+        for f in files:
+            bucket = f["partition"].get("_bucket")
+            if replace == "all" or f["path"] in remove \
+                    or (replace is not None and bucket is not None and int(bucket) in replace):
+                out.append(RemoveAction(f["path"], True, now, f["size"],
+                                        {} if bucket is None else {"_bucket": str(bucket)}))
+        return out
 
     def compact(self, path: str, *, rewrite: bool) -> None:
         """Drop files no longer in the current version; with ``rewrite``, first merge small

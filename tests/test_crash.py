@@ -66,7 +66,7 @@ def test_sigkill_at_random_moments_loses_and_doubles_nothing(spark, tmp_path):
            "--project", str(crashed)]
 
     log = tmp_path / "runs.log"
-    until = mid_run(log, rng, batches=(1, 8), delay=1.0)
+    until = mid_run(log, rng, batches=(1, 3), delay=1.0)
     kills = run_killing(cmd, log, until=until, kills=3, attempts=5, env=env)
     assert kills >= 2, "the test must actually kill runs mid-way"
 
@@ -145,7 +145,7 @@ def test_sigkill_with_event_time_loses_and_doubles_nothing(spark, tmp_path):
            "--project", str(crashed)]
 
     log = tmp_path / "runs.log"
-    until = mid_run(log, rng, batches=(1, 6), delay=1.0)
+    until = mid_run(log, rng, batches=(1, 3), delay=1.0)
     kills = run_killing(cmd, log, until=until, kills=2, attempts=4, env=env)
     assert kills >= 1, "the test must actually kill runs mid-way"
     for table in ("per_minute", "sessions", "recent"):

@@ -13,6 +13,8 @@ from typing import TYPE_CHECKING, Callable
 import pyarrow as pa
 import pyarrow.compute as pc
 
+from octo_platform.local_frames import local_frame
+
 if TYPE_CHECKING:
     from pyspark.sql import DataFrame, SparkSession
     from pyspark.sql.types import StructType
@@ -24,20 +26,25 @@ __all__ = ["spark_eval", "collect_arrow", "arrow_schema", "safe_keys", "key_join
 
 
 def spark_eval(spark: SparkSession, table: pa.Table,
-               build: Callable[[DataFrame], DataFrame]) -> pa.Table:
+               build: Callable[[DataFrame], DataFrame], schema: pa.Schema | None = None
+               ) -> pa.Table:
     """``build`` (Spark DataFrame calls) applied to ``table`` as a local relation; the
-    result as Arrow, typed as Spark types it. Projections and filters run in the driver."""
-    return collect_arrow(build(spark.createDataFrame(table)), table.num_rows)
+    result as Arrow, typed as Spark types it (``schema``, when the caller knows it already
+    from an earlier call: asking Spark for it takes a dozen calls into the JVM).
+    Projections and filters run in the driver."""
+    return collect_arrow(build(local_frame(spark, table)), table.num_rows, schema)
 
 
-def collect_arrow(df: DataFrame, rows_in: int = 1) -> pa.Table:
-    """``df`` (projections and filters over a local relation of ``rows_in`` rows) as Arrow.
-    Up to ``COLLECT_ROWS`` rows, ``collect``: Spark evaluates it in the driver, no job;
-    above, Python row objects cost more than a one-task job's Arrow transfer (~0.1 s):
-    ``toArrow``. ``rows_in=0``: known to be empty, only its schema is wanted."""
+def collect_arrow(df: DataFrame, rows_in: int = 1, schema: pa.Schema | None = None
+                  ) -> pa.Table:
+    """``df`` (projections and filters over a local relation of ``rows_in`` rows) as Arrow
+    (of ``schema``, Spark's types for ``df``, when known). Up to ``COLLECT_ROWS`` rows,
+    ``collect``: Spark evaluates it in the driver, no job; above, Python row objects cost
+    more than a one-task job's Arrow transfer (~0.1 s): ``toArrow``. ``rows_in=0``: known
+    to be empty, only its schema is wanted."""
     if rows_in > COLLECT_ROWS:
         return df.toArrow()
-    schema = arrow_schema(df.schema)
+    schema = arrow_schema(df.schema) if schema is None else schema
     rows = df.collect() if rows_in else []
     if not rows:
         return schema.empty_table()

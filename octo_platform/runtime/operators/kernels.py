@@ -19,6 +19,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from octo_platform.columns import COUNT, WEIGHT
+from octo_platform.local_frames import local_frame
 from octo_platform.physical.plan import PAggregate, PJoin
 from octo_platform.runtime.operators.aggregate import Aggregate
 from octo_platform.runtime.operators.arrow import (
@@ -81,7 +82,7 @@ class LocalContext:
 
     def frame(self, table: pa.Table) -> DataFrame:
         """An empty local relation of ``table``'s columns: for Spark's analysis only."""
-        return self.spark.createDataFrame(table.schema.empty_table())
+        return local_frame(self.spark, table.schema.empty_table())
 
     def once(self, key: str, make: Callable[[], Any]) -> Any:
         """``make()``, computed once per run (what Spark's analysis says about a schema)."""
@@ -92,12 +93,13 @@ class LocalContext:
 
     def sql(self, what: str, table: pa.Table, build: Callable[[DataFrame], DataFrame]
             ) -> pa.Table:
-        """``arrow.spark_eval``; for an empty table, once its result's columns are known,
-        with no call to Spark at all."""
+        """``arrow.spark_eval``; once its result's columns are known, not asked again, and
+        for an empty table, no call to Spark at all."""
         key = f"sql:{what}:{table.schema}"
-        if not table.num_rows and key in self.ctx.memo:
-            return self.ctx.memo[key].empty_table()
-        out = spark_eval(self.spark, table, build)
+        known = self.ctx.memo.get(key)
+        if not table.num_rows and known is not None:
+            return known.empty_table()
+        out = spark_eval(self.spark, table, build, known)
         self.ctx.memo[key] = out.schema
         return out
 

@@ -1,0 +1,42 @@
+"""Small Arrow tables as Spark local relations, with few calls into the JVM (ground floor:
+imports no octo stage).
+
+``SparkSession.createDataFrame(arrow_table)`` reads four session settings and converts the
+schema through the JVM on every call: about 40 py4j calls (measured on pyspark 4.2). The
+driver path makes several local relations per batch, so ``local_frame`` reads the settings
+once per session and hands the table to the same PySpark conversion: about 9 calls. The
+result is the same DataFrame (a local relation whose projections and filters Spark's
+optimizer evaluates in the driver, without a job).
+"""
+from __future__ import annotations
+
+import threading
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    import pyarrow as pa
+    from pyspark.sql import DataFrame, SparkSession
+
+__all__ = ["local_frame"]
+
+_SETTINGS = ("spark.sql.session.timeZone", "spark.sql.timestampType",
+             "spark.sql.execution.arrow.useLargeVarTypes",
+             "spark.sql.execution.arrow.maxRecordsPerBatch")
+_settings: dict[int, tuple[Any, ...]] = {}
+_lock = threading.Lock()
+
+
+def local_frame(spark: SparkSession, table: pa.Table) -> DataFrame:
+    """``table`` as a Spark DataFrame (a local relation), as ``createDataFrame`` makes it."""
+    convert = getattr(spark, "_create_from_arrow_table", None)
+    if convert is None:  # another PySpark: its public way
+        return spark.createDataFrame(table)
+    key = id(spark._jsparkSession)
+    with _lock:
+        settings = _settings.get(key)
+        if settings is None:
+            tz, ts_type, large, batch = (spark.conf.get(k) for k in _SETTINGS)
+            settings = _settings[key] = (tz, ts_type == "TIMESTAMP_NTZ", large == "true",
+                                         int(batch))
+    tz, ntz, large, batch = settings
+    return convert(table, None, tz, ntz, large, batch)
