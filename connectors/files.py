@@ -14,10 +14,11 @@ from typing import TYPE_CHECKING, Callable
 
 from connectors import debezium
 from octo_platform.columns import WEIGHT
-from octo_platform.local_frames import local_frame
+from octo_platform.local_frames import arrow_type, local_frame
 from octo_platform.sqltext import quote
 
 if TYPE_CHECKING:
+    import pyarrow as pa
     from pyspark.sql import DataFrame, SparkSession
 
 __all__ = ["FileSource", "Parsed", "list_files", "read_files", "read_files_local",
@@ -60,10 +61,12 @@ def list_files(path: str) -> list[str]:
 @dataclass(frozen=True)
 class Parsed:
     """One row per input record: its payload plus ``_raw``, ``_file`` and ``_reason`` (NULL
-    for a good record). ``rows`` turns good records into weighted rows."""
+    for a good record). ``rows`` turns good records into weighted rows. ``read_files_local``
+    gives the records already ``evaluated`` when parsing them would change nothing."""
 
-    records: DataFrame
+    records: DataFrame | None
     rows: Callable[[DataFrame], DataFrame]
+    evaluated: pa.Table | None = None  # the records in Arrow (``records`` is then None)
 
 
 def read_files(spark: SparkSession, source: FileSource, files: list[str]) -> Parsed:
@@ -98,6 +101,9 @@ def read_files_local(spark: SparkSession, source: FileSource, files: list[str]) 
             raise LookupError("Parquet files of different schemas")
         data = pa.concat_tables([t.append_column("_file", pa.array([n] * t.num_rows, pa.string()))
                                  for t, n in zip(tables, names)])
+        exact = _exact_records(data, source)
+        if exact is not None:
+            return Parsed(None, lambda df: _weighted(df, source), exact)
         return _parquet_records(local_frame(spark, data), source)
     values, where = [], []
     for f, n in zip(files, names):
@@ -188,6 +194,25 @@ def _parquet(spark: SparkSession, source: FileSource, files: list[str]) -> Parse
             _SCHEMAS.clear()
         _SCHEMAS[key] = df.schema
     return _parquet_records(df.select("*", F.col("_metadata.file_path").alias("_file")), source)
+
+
+def _exact_records(data: pa.Table, source: FileSource) -> pa.Table | None:
+    """``_parquet_records`` of ``data`` computed in Arrow when each declared column is in
+    the files with exactly the type Spark gives it: every cast is then the identity, no
+    value can fail to fit, so the records are the columns with no ``_raw`` and no
+    ``_reason``. None otherwise (Spark parses them)."""
+    import pyarrow as pa
+
+    present = {c.lower(): c for c in data.column_names}
+    columns = []
+    for col, typ in zip(source.columns, source.types):
+        have = present.get(col.lower())
+        if have is None or data.schema.field(have).type != arrow_type(typ):
+            return None
+        columns.append(data[have])
+    none = pa.nulls(data.num_rows, pa.string())
+    return pa.table([*columns, none, data["_file"], none],
+                    names=[*source.columns, "_raw", "_file", "_reason"])
 
 
 def _parquet_records(df: DataFrame, source: FileSource) -> Parsed:

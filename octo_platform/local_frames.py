@@ -17,7 +17,7 @@ if TYPE_CHECKING:
     import pyarrow as pa
     from pyspark.sql import DataFrame, SparkSession
 
-__all__ = ["local_frame"]
+__all__ = ["local_frame", "arrow_type"]
 
 _SETTINGS = ("spark.sql.session.timeZone", "spark.sql.timestampType",
              "spark.sql.execution.arrow.useLargeVarTypes",
@@ -40,3 +40,30 @@ def local_frame(spark: SparkSession, table: pa.Table) -> DataFrame:
                                          int(batch))
     tz, ntz, large, batch = settings
     return convert(table, None, tz, ntz, large, batch)
+
+
+_ARROW_TYPES = {"tinyint": "int8", "byte": "int8", "smallint": "int16", "short": "int16",
+                "int": "int32", "integer": "int32", "bigint": "int64", "long": "int64",
+                "float": "float32", "real": "float32", "double": "float64",
+                "string": "string", "boolean": "bool_", "date": "date32", "binary": "binary"}
+
+
+def arrow_type(spark_type: str) -> pa.DataType | None:
+    """The Arrow type Spark gives a column of SQL type ``spark_type`` (as Spark's Arrow
+    export types it: ``TIMESTAMP`` as microseconds in UTC), or None for types this does not
+    know. Used only to recognize casts that change nothing (``CAST(x AS T)`` where ``x`` is
+    already a ``T``), which the driver path may then skip."""
+    import pyarrow as pa
+
+    name = "".join(spark_type.lower().split())
+    if name in _ARROW_TYPES:
+        return getattr(pa, _ARROW_TYPES[name])()
+    if name == "timestamp":
+        return pa.timestamp("us", tz="UTC")
+    if name.startswith("decimal(") and name.endswith(")"):
+        try:
+            precision, scale = (int(p) for p in name[8:-1].split(","))
+        except ValueError:
+            return None
+        return pa.decimal128(precision, scale)
+    return None

@@ -199,8 +199,13 @@ class DeltaStore:
                 app_transactions=[Transaction(app_id=app_id, version=batch)]
             ),
         )
-        # Single writer per table (the runner holds a lock); writing updates the handle.
-        return 0 if dt is None else dt.version()
+        if dt is None:
+            return 0
+        # Single writer per table (the runner holds a lock); writing updated the handle, so
+        # it is kept with its new commit file's stamp (else the next use would reopen it).
+        if "://" not in path:
+            self._handles.tables[path] = (dt, _commit_stamp(path, dt.version()))
+        return dt.version()
 
     def done(self, path: str, *, app_id: str, batch: int) -> bool:
         """Whether the table already holds batch ``batch`` of ``app_id``."""

@@ -19,6 +19,7 @@ import pyarrow.compute as pc
 
 from octo_platform.columns import WEIGHT
 from octo_platform.errors import RunError
+from octo_platform.local_frames import local_frame
 from octo_platform.runtime.inputs import LATE, advanced, mark_late, upstream_watermark
 from octo_platform.runtime.offsets import source_key
 from octo_platform.runtime.operators.arrow import arrow_schema, collect_arrow
@@ -81,12 +82,16 @@ def read_local(pipe: TableRun, lc: LocalContext, inputs: dict[str, Any], rows: i
             parsed = pipe.env.read_files_local(lc.spark, fsrc, files)
         except LookupError as e:
             raise Unsupported(str(e)) from e
-        records = parsed.records
-        if sdef.watermark is not None:
-            records, _ = mark_late(records, sdef, stats.watermarks.get(key))
-            time = sdef.watermark.time_sql(sdef.format == "debezium-json")
-            records = records.selectExpr("*", f"unix_micros({time}) AS _t")
-        got_rows = collect_arrow(records, rows_in=rows)
+        if parsed.evaluated is not None and sdef.watermark is None:
+            got_rows = parsed.evaluated
+        else:
+            records = parsed.records if parsed.records is not None else \
+                local_frame(lc.spark, parsed.evaluated)
+            if sdef.watermark is not None:
+                records, _ = mark_late(records, sdef, stats.watermarks.get(key))
+                time = sdef.watermark.time_sql(sdef.format == "debezium-json")
+                records = records.selectExpr("*", f"unix_micros({time}) AS _t")
+            got_rows = collect_arrow(records, rows_in=rows)
         good = got_rows.filter(pc.is_null(got_rows["_reason"]))
         bad = got_rows.filter(pc.is_valid(got_rows["_reason"]))
         if sdef.watermark is not None:

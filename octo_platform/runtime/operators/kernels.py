@@ -19,7 +19,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from octo_platform.columns import COUNT, WEIGHT
-from octo_platform.local_frames import local_frame
+from octo_platform.local_frames import arrow_type, local_frame
 from octo_platform.physical.plan import PAggregate, PJoin
 from octo_platform.runtime.operators.aggregate import Aggregate
 from octo_platform.runtime.operators.arrow import (
@@ -32,6 +32,7 @@ from octo_platform.runtime.operators.arrow import (
 from octo_platform.runtime.operators.context import BatchContext, positional, side_schema
 from octo_platform.runtime.operators.join import Join
 from octo_platform.runtime.state_log import BATCH, compaction, latest, read_log
+from octo_platform.sqltext import unquote
 
 if TYPE_CHECKING:
     from pyspark.sql import DataFrame
@@ -343,8 +344,7 @@ class JoinKernel:
             grouped = frames[s].group_by(names, use_threads=False).aggregate(
                 [(f"_{s}w", "sum")]).rename_columns([*names, f"_{s}w"])
             grouped = grouped.filter(pc.not_equal(grouped[f"_{s}w"], 0))
-            delta[s] = lc.sql(f"{self.node.id}:{s}", grouped,
-                              lambda df, s=s: op.with_keys(df, s, types))
+            delta[s] = self.keyed(s, grouped, types)
             old[s] = self.side(s, frames[s], delta[s], types)
         parts = []
         if kind in ("inner", "left", "right", "full"):
@@ -355,6 +355,20 @@ class JoinKernel:
             sides = {"left": "l", "semi": "l", "anti": "l", "right": "r"}.get(kind, "lr")
             parts += [self.unmatched(s, rows, counts, fields, out) for s in sides]
         return concat(parts, out)
+
+    def keyed(self, s: str, rows: pa.Table, types: list[str]) -> pa.Table:
+        """``rows`` of side ``s`` with its join key columns (``Join.with_keys``): in Arrow
+        when each key is a column that already has its key type (the cast is the
+        identity), else by Spark."""
+        op = self.op
+        picked = [unquote(k) for k in op.keys[s]]
+        if all(p in rows.column_names and rows.schema.field(p).type == arrow_type(t)
+               for p, t in zip(picked, types)):
+            for p, c in zip(picked, op.kcols(s)):
+                rows = rows.append_column(c, rows[p])
+            return rows
+        return self.lc.sql(f"{self.node.id}:{s}", rows,
+                           lambda df: op.with_keys(df, s, types))
 
     def matched(self, old: dict[str, pa.Table], delta: dict[str, pa.Table],
                 schema: pa.Schema) -> pa.Table:
