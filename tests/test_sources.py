@@ -80,3 +80,49 @@ def test_formats_and_dead_letters(spark, tmp_path):
     log = DeltaTable(str(tmp_path / "warehouse/cdc_rows")).to_pyarrow_table().to_pylist()
     assert sorted(e["op"] for e in log) == ["c"]  # r, c, u, d consolidate to one row
     assert log[0]["after"] == {"id": 1, "name": "a2", "amount": 1.5}
+
+
+PARQUET_SQL = """
+CREATE SOURCE p (id BIGINT, name STRING, amount DOUBLE, ts TIMESTAMP)
+  WITH (connector = 'files', path = 'data/p', format = 'parquet', max_files_per_batch = '1');
+CREATE STREAMING TABLE per_name AS SELECT name, COUNT(*) AS n, SUM(amount) AS total,
+  MAX(ts) AS last FROM p GROUP BY name;
+CREATE STREAMING TABLE pairs AS SELECT a.id, b.id AS other FROM p a JOIN p b
+  ON a.id = b.id + 1;
+"""
+
+
+def test_parquet_on_the_driver_path_equals_the_spark_path(spark, tmp_path):
+    """Parquet files whose columns have their declared types are taken as they are on the
+    driver path (no cast can change them); a file with other types (id as INT, a name that
+    is a number, a naive timestamp) is parsed by Spark's casts there: both runs leave the
+    same tables and dead letters as the Spark path."""
+    from datetime import datetime, timezone
+
+    utc = pa.timestamp("us", tz="UTC")
+    files = [
+        pa.table({"id": pa.array([1, 2, 3], pa.int64()), "name": ["a", "b", "a"],
+                  "amount": [1.0, 2.5, None], "ts": pa.array([1, 2, 3], utc)}),
+        pa.table({"id": pa.array([4, 5], pa.int32()), "name": pa.array([7, 8], pa.int64()),
+                  "amount": pa.array([4, 5], pa.int64()),
+                  "ts": pa.array([datetime(2026, 1, 1), None], pa.timestamp("us"))}),
+        pa.table({"id": pa.array([6, None], pa.int64()), "name": ["b", None],
+                  "amount": [6.0, 7.0],
+                  "ts": pa.array([datetime(2026, 2, 1, tzinfo=timezone.utc), None], utc)}),
+    ]
+    results = {}
+    for path, rows in (("spark", 0), ("driver", 10**9)):
+        root = tmp_path / path
+        (root / "sql").mkdir(parents=True)
+        (root / "sql" / "p.sql").write_text(PARQUET_SQL)
+        (root / "data/p").mkdir(parents=True)
+        for i, t in enumerate(files):
+            pq.write_table(t, root / f"data/p/{i}.parquet")
+        report = run_tables(spark, root, options=default_options(progress=None,
+                                                                  driver_rows=rows),
+                            until_idle=True)
+        assert {b.path for b in report.batches} == {path}
+        results[path] = {t: current(root / "warehouse", t) for t in ("per_name", "pairs")}
+    assert results["driver"] == results["spark"]
+    assert results["driver"]["pairs"] == Counter({(2, 1): 1, (3, 2): 1, (4, 3): 1,
+                                                  (5, 4): 1, (6, 5): 1})
