@@ -280,7 +280,11 @@ class AggregateKernel:
 
     def output(self, table: pa.Table, shape) -> pa.Table:
         """Retractions of the old and insertions of the new result rows, where they
-        differ: the values and flags are the Spark operator's SQL, run locally."""
+        differ: the values and flags are the Spark operator's SQL, run locally, unless
+        ``arrow_output`` computes them (no call to Spark)."""
+        fast = self.arrow_output(table, shape)
+        if fast is not None:
+            return fast
         n = len(self.node.columns)
         old_exists, new_exists, changed = self.op.change_flags()
         types = [f.dataType.simpleString() for f in shape.out_schema.fields]
@@ -298,6 +302,63 @@ class AggregateKernel:
             return part.append_column(WEIGHT, pa.array([weight] * part.num_rows, pa.int64())
                                       ).rename_columns(out.names)
         return concat([side("o", "_oe", -1), side("n", "_ne", 1)], out)
+
+
+    def arrow_output(self, table: pa.Table, shape) -> pa.Table | None:
+        """``output`` in Arrow, with ``Aggregate.values``' and ``change_flags``' meaning,
+        when every value already has its output column's type (the final CAST is the
+        identity; an AVG of integers divides as DOUBLE, as Spark's ``/``); else None."""
+        out = self.out_schema(shape)
+
+        def values(side: str) -> list[pa.ChunkedArray] | None:
+            got = [table[k] for k in self.keys]
+            for i, a in enumerate(self.node.aggs):
+                if a.strategy == "count":
+                    got.append(table[f"{side}{COUNT}" if a.arg is None else f"{side}c{i}"])
+                elif a.strategy == "sum":
+                    total, count = table[f"{side}s{i}"], table[f"{side}c{i}"]
+                    if a.func != "sum":
+                        if not (pa.types.is_integer(total.type)
+                                or pa.types.is_floating(total.type)):
+                            return None
+                        total = pc.divide(total.cast(pa.float64()), count.cast(pa.float64()))
+                    got.append(pc.if_else(pc.greater(count, 0), total,
+                                          pa.scalar(None, total.type)))
+                else:  # running or multiset: the value itself
+                    got.append(table[f"{side}m{i}"])
+            if any(v.type != f.type for v, f in zip(got, out)):
+                return None
+            return got
+
+        old_v, new_v = values("o"), values("n")
+        if old_v is None or new_v is None:
+            return None
+        if self.keys:
+            old_exists = pc.fill_null(pc.greater(table[f"o{COUNT}"], 0), False)
+            new_exists = pc.greater(table[f"n{COUNT}"], 0)
+        else:
+            old_exists = pc.is_valid(table[f"o{COUNT}"])
+            new_exists = pa.array([True] * table.num_rows, pa.bool_())
+        same = pc.and_(old_exists, new_exists)
+        for a, b in zip(old_v, new_v):
+            same = pc.and_(same, _same(a, b))
+        changed = pc.and_(table["_touched"], pc.invert(same))
+        parts = []
+        for vals, exists, weight in ((old_v, old_exists, -1), (new_v, new_exists, 1)):
+            pick = pc.and_(changed, exists)
+            part = pa.table([v.filter(pick) for v in vals], names=out.names[:-1])
+            parts.append(part.append_column(
+                WEIGHT, pa.array([weight] * part.num_rows, pa.int64())))
+        return concat(parts, out)
+
+
+def _same(a: pa.ChunkedArray, b: pa.ChunkedArray) -> pa.ChunkedArray:
+    """Spark's ``a <=> b``: both NULL, or equal (NaN equals NaN, as Spark compares)."""
+    equal = pc.equal(a, b)
+    if pa.types.is_floating(a.type):
+        equal = pc.or_(equal, pc.and_(pc.is_nan(a), pc.is_nan(b)))
+    both_null = pc.and_(pc.is_null(a), pc.is_null(b))
+    return pc.or_(pc.fill_null(equal, False), both_null)
 
 
 def _extreme(func: str, a: pa.ChunkedArray, b: pa.ChunkedArray) -> pa.ChunkedArray:
