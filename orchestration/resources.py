@@ -55,6 +55,10 @@ class WarehouseResource(dg.ConfigurableResource):
         description="warehouse directory or URI (s3://...); default <project>/warehouse")
     storage_options: dict[str, str] = Field(
         default_factory=dict, description="delta-rs storage options (object-store credentials)")
+    driver_rows: Optional[int] = Field(
+        default=None,
+        description="batches of at most this many input rows run in the driver with no Spark "
+                    "job (0: never); default the runtime's (10,000), as `octo run --driver-rows`")
 
     def location(self, project_root: str | Path) -> str:
         """The resolved warehouse for a project: absolute path or URI."""
@@ -68,5 +72,7 @@ class WarehouseResource(dg.ConfigurableResource):
         (delta-rs with ``storage_options``, the built-in connectors)."""
         from octo_platform.wiring import default_options
 
+        extra = {} if self.driver_rows is None else {"driver_rows": self.driver_rows}
         return default_options(warehouse=self.location(project_root),
-                               storage_options=self.storage_options or None, progress=progress)
+                               storage_options=self.storage_options or None, progress=progress,
+                               **extra)

@@ -143,6 +143,10 @@ def test_resources_are_chosen_from_the_environment(tmp_path):
     assert got["warehouse"].location(tmp_path) == "s3://bucket/wh"
     assert got["spark"].master == "spark://h:7077" and got["spark"].conf == {}
     assert WarehouseResource().location(tmp_path) == str(tmp_path.resolve() / "warehouse")
+    from octo_platform.runtime.driver import DEFAULT_DRIVER_ROWS
+
+    assert WarehouseResource().options(tmp_path).driver_rows == DEFAULT_DRIVER_ROWS
+    assert WarehouseResource(driver_rows=0).options(tmp_path).driver_rows == 0
 
 
 # -- materialization: a chain of two streaming tables, twice --------------------------------
