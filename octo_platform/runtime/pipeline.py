@@ -12,6 +12,7 @@ through its own batch log).
 """
 from __future__ import annotations
 
+import gc
 import time
 from typing import TYPE_CHECKING, Any, Callable
 
@@ -49,6 +50,23 @@ __all__ = ["BatchStats", "Pipeline", "DEFAULT_BUCKETS"]  # BatchStats: from ``st
 
 DEFAULT_BUCKETS = 8
 MAINTENANCE_EVERY = 25  # batches between vacuuming state and compacting the batch log
+
+
+_FREE_EVERY_S = 10.0
+_freed = [time.monotonic()]
+
+
+def free_jvm_objects() -> None:
+    """Collect Python's garbage at most every ``_FREE_EVERY_S`` seconds. A DataFrame's
+    Python object often dies in a reference cycle, and its JVM side (the query plan, and
+    with it e.g. the broadcast tables of its joins, kept in the driver's block store) is
+    released only once Python's cycle collector frees the proxy: between its rare full
+    collections a test run's batches filled a 2 GB driver heap within minutes (the
+    garbage collector then took most of the CPU)."""
+    now = time.monotonic()
+    if now - _freed[0] >= _FREE_EVERY_S:
+        _freed[0] = now
+        gc.collect()
 
 
 class Pipeline:
@@ -161,6 +179,7 @@ class Pipeline:
             ctx.release()
             stats.spark_jobs = jobs.stop()
         stats.seconds = time.monotonic() - started
+        free_jvm_objects()
         log.append(batch, "commit", {"versions": versions, "stats": stats.to_json(),
                                      "fingerprint": self.fingerprint,
                                      "state_format": STATE_FORMAT,

@@ -36,6 +36,14 @@ DEFAULT_CONF = {
     # Spark keeps 100 compiled code-generated classes; one batch of a join + aggregate table
     # needs ~130, so every batch compiled them all again (~1 s of Janino per one-row batch).
     "spark.sql.codegen.cache.maxEntries": "4000",
+    # What the driver keeps about finished queries, jobs, stages and tasks (for the UI and
+    # its REST API; kept even with the UI off): a batch runs dozens of queries, and Spark's
+    # defaults (1,000 queries with their plan graphs and metrics, 100,000 tasks) grow the
+    # driver's heap for the whole of a long run.
+    "spark.sql.ui.retainedExecutions": "50",
+    "spark.ui.retainedJobs": "100",
+    "spark.ui.retainedStages": "100",
+    "spark.ui.retainedTasks": "1000",
     # Stopping a query waits this long for its thread, then fails instead of hanging.
     "spark.sql.streaming.stopTimeout": "60s",
 }
