@@ -13,7 +13,7 @@ from octo_platform.runtime import state_log
 from octo_platform.runtime.offsets import BatchLog
 from octo_platform.runtime.runner import run_tables
 from octo_platform.wiring import default_environment, default_options
-from tests.oracle import RandomInput, check_tables, write_lines
+from tests.oracle import RandomInput, check_tables, driver_rows, write_lines
 
 SQL = """
 CREATE SOURCE src ({ddl}) WITH (connector = 'files', path = 'data/src',
@@ -30,7 +30,10 @@ def state_files(root, table: str, operator: str) -> list[str]:
     return [posixpath.basename(p) for p in DeltaTable(str(path)).file_uris()]
 
 
-def test_compaction_keeps_results_exact(spark, tmp_path, monkeypatch):
+@pytest.mark.parametrize("path", ["spark", "driver"])
+def test_compaction_keeps_results_exact(spark, tmp_path, monkeypatch, path):
+    """Full and partial compactions of aggregate, value-multiset and join-side logs, on
+    either path (the driver path merges delta files with Arrow)."""
     monkeypatch.setattr(state_log, "MERGE_DELTAS", 2)  # merge delta files every few batches
     src = RandomInput(7, debezium=True)
     sql = SQL.format(ddl=src.ddl())
@@ -39,10 +42,13 @@ def test_compaction_keeps_results_exact(spark, tmp_path, monkeypatch):
     project = load_project(tmp_path)
     keyed = {n: project.table(n).physical.pk is not None for n in ("per_g", "pairs")}
     for round_no in range(2):
-        for f in range(4):
-            write_lines(tmp_path / "data" / "src", f"r{round_no}-{f}.json", src.lines(12))
-        report = run_tables(spark, tmp_path, options=default_options(buckets=2, progress=None))
+        for f in range(4):  # a large first batch, then small ones: partial merges too
+            lines = src.lines(120 if round_no == f == 0 else 4)
+            write_lines(tmp_path / "data" / "src", f"r{round_no}-{f}.json", lines)
+        report = run_tables(spark, tmp_path, options=default_options(
+            buckets=2, progress=None, driver_rows=driver_rows(path, round_no)))
         assert len(report.for_table("per_g")) == 4, "one batch per file"
+        assert {b.path for b in report.batches} == {path}
         check_tables(spark, tmp_path / "warehouse", sql, {"src": src.relation()}, keyed,
                      round_no)
     for table, operator in (("per_g", "agg3"), ("per_g", "agg3_values1"),

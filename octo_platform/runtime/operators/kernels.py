@@ -123,15 +123,50 @@ class LocalContext:
             self.ctx.memo[f"cache:{table}"] = (versions.get(f"state/{table}"), rows)
 
     def stage(self, table: str, changes: pa.Table, before: pa.Table,
-              base: Callable[[pa.Table], pa.Table]) -> None:
+              base: Callable[[pa.Table], pa.Table],
+              merge: Callable[[pa.Table], pa.Table]) -> None:
         """Stage the batch's ``changes`` for the end of a state log (its ``base`` when the log
-        is empty), and, when the log is due for compaction (``state_log.compaction``), a full
-        one: ``base(before)``, the rows before the batch, replacing every pinned file."""
+        is empty), and the log's compaction when it is due (``state_log.compaction``): a full
+        one is ``base(before)``, the rows before the batch, replacing every pinned file; a
+        partial one is ``merge`` of the rows of the delta files it merges (read with Arrow;
+        from a remote warehouse, a full one instead), replacing them."""
         files = self.ctx.state_log(table)
-        if compaction(files) is not None:
-            self.writes.append(StagedRows(table, base(before), "base",
-                                          tuple(f["path"] for f in files)))
+        due = compaction(files)
+        if due is not None:
+            merging, full = due
+            rows = None if full else _read_files(merging, changes.schema)
+            if rows is None:
+                self.writes.append(StagedRows(table, base(before), "base",
+                                              tuple(f["path"] for f in files)))
+            else:
+                self.writes.append(StagedRows(table, merge(rows), "delta",
+                                              tuple(f["path"] for f in merging)))
         self.writes.append(StagedRows(table, changes, "delta" if files else "base"))
+
+
+def _read_files(files: list[dict], schema: pa.Schema) -> pa.Table | None:
+    """The rows of local state files, as ``schema``; None when one is remote."""
+    import pyarrow.parquet as pq
+
+    paths = [f["uri"].removeprefix("file://") for f in files]
+    if any("://" in p for p in paths):
+        return None
+    return concat([pq.read_table(p).select(schema.names).cast(schema) for p in paths], schema)
+
+
+def _newest(keys: list[str]) -> Callable[[pa.Table], pa.Table]:
+    """A keyed log's partial merge: the newest row (by ``_batch``) of each key, tombstones
+    (count 0) kept, as ``state_log.merge_keyed`` with ``full=False``."""
+    def merge(rows: pa.Table) -> pa.Table:
+        if not keys:
+            return rows.sort_by([(BATCH, "descending")]).slice(0, 1)
+        others = [c for c in rows.column_names if c not in keys]
+        newest = rows.sort_by([(BATCH, "descending")]).group_by(
+            keys, use_threads=False).aggregate([(c, "first") for c in others])
+        return newest.rename_columns([_unsuffix(c, [(o, "first") for o in others])
+                                      for c in newest.column_names]).select(
+            rows.column_names).cast(rows.schema)
+    return merge
 
 
 def _batch_column(table: pa.Table, batch: int) -> pa.Table:
@@ -182,7 +217,7 @@ class AggregateKernel:
         live = new_state.filter(pc.not_equal(new_state[COUNT], 0)) if keys else new_state
         lc.fresh[node.id] = concat([kept, live], before.schema) if keys else live.cast(
             before.schema)
-        lc.stage(node.id, new_state, before, lambda rows: rows)
+        lc.stage(node.id, new_state, before, lambda rows: rows, _newest(keys))
         return self.output(table, shape)
 
     def delta_groups(self, delta: pa.Table, shape, state: pa.Schema) -> pa.Table:
@@ -232,7 +267,7 @@ class AggregateKernel:
             [f"o.{c}" for c in before.column_names]).rename_columns(before.column_names)
         after = concat([kept, changed.filter(pc.not_equal(changed["cnt"], 0))], before.schema)
         lc.fresh[table] = after
-        lc.stage(table, changed, before, lambda rows: rows)
+        lc.stage(table, changed, before, lambda rows: rows, _newest(names))
         values = after
         if keys:  # every value of the groups the batch touched
             groups, gcols = safe_keys(pa.table({k: delta[k] for k in keys}), keys, "_g")
@@ -564,11 +599,15 @@ class JoinKernel:
         changes = delta.select([*names, f"_{s}w"]).rename_columns(positions)
         kept = arrow_schema(stored)
 
-        def base(rows: pa.Table) -> pa.Table:
-            merged = rows.select([*names, f"_{s}w"]).group_by(names, use_threads=False) \
-                .aggregate([(f"_{s}w", "sum")]).rename_columns(positions)
+        def merge(rows: pa.Table) -> pa.Table:  # stored rows: multiplicities summed
+            cols = positions[:-1]
+            merged = rows.group_by(cols, use_threads=False).aggregate(
+                [(COUNT, "sum")]).rename_columns(positions)
             return merged.filter(pc.not_equal(merged[COUNT], 0)).cast(kept)
 
-        lc.stage(table, changes.cast(kept), before, base)
+        def base(rows: pa.Table) -> pa.Table:
+            return merge(rows.select([*names, f"_{s}w"]).rename_columns(positions))
+
+        lc.stage(table, changes.cast(kept), before, base, merge)
         return before
 
