@@ -39,6 +39,7 @@ from octo_platform.runtime.operators.kernels import (
     Unsupported,
     kernel_supports,
 )
+from octo_platform.runtime.operators.spark_hash import hashable, spark_hash, spark_pmod
 from octo_platform.runtime.driver_inputs import LocalInputs, read_local
 from octo_platform.runtime.inputs import read_inputs, settle_inputs
 from octo_platform.runtime.sink import (
@@ -132,9 +133,7 @@ def run_in_driver(pipe: TableRun, ctx: BatchContext, inputs: dict[str, Any], row
         raise Unsupported("nested types")
     delta = evaluate(plan.root, lc, tables)
     delta = delta.rename_columns([*plan.root.columns, WEIGHT])
-    events = encode(pipe, delta, ctx.batch, ts_ms)
-    events = lc.sql("events", events, lambda df: df.selectExpr(
-        "*", f"{event_bucket(pipe)} AS {BUCKET}"))
+    events = with_bucket(pipe, lc, encode(pipe, delta, ctx.batch, ts_ms))
     lay = pipe.layout
     outputs = [LocalOutput(f"state/{w.table}", lay.state(pipe.name, w.table), w.rows,
                            remove=w.remove, prefix=w.prefix) for w in lc.writes]
@@ -157,6 +156,21 @@ def run_in_driver(pipe: TableRun, ctx: BatchContext, inputs: dict[str, Any], row
         write_dead_letters(pipe, settle_inputs(observed, stats), ctx.batch, ts_ms,
                            resumed=False)
     return versions
+
+
+def with_bucket(pipe: TableRun, lc: LocalContext, events: pa.Table) -> pa.Table:
+    """``events`` with each event's current-state bucket (``sink.event_bucket``): computed
+    in Arrow for keys of the types ``spark_hash`` covers, else by Spark."""
+    keys = current_key(pipe)
+    image = events.schema.field("after").type
+    if not keys:
+        return events.append_column(BUCKET, pa.array([0] * events.num_rows, pa.int32()))
+    if all(hashable(image.field(k).type) for k in keys):
+        columns = [pc.coalesce(pc.struct_field(events["after"], k),
+                               pc.struct_field(events["before"], k)) for k in keys]
+        return events.append_column(BUCKET, spark_pmod(spark_hash(columns), pipe.buckets))
+    return lc.sql("events", events, lambda df: df.selectExpr(
+        "*", f"{event_bucket(pipe)} AS {BUCKET}"))
 
 
 def _key(src: PSource) -> str:
