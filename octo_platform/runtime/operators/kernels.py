@@ -338,7 +338,6 @@ class AggregateKernel:
                                       ).rename_columns(out.names)
         return concat([side("o", "_oe", -1), side("n", "_ne", 1)], out)
 
-
     def arrow_output(self, table: pa.Table, shape) -> pa.Table | None:
         """``output`` in Arrow, with ``Aggregate.values``' and ``change_flags``' meaning,
         when every value already has its output column's type (the final CAST is the
