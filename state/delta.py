@@ -61,6 +61,18 @@ def _commit_stamp(path: str, version: int) -> tuple[int, int] | None:
     return st.st_ino, st.st_mtime_ns
 
 
+def _file_uri(path: str, base: str, rel: str) -> str:
+    """A data file's URI from its add action's ``rel``ative path. For a local table:
+    ``file://`` and the decoded absolute path, which Hadoop and pyarrow both read as it is
+    (a percent-encoded one, e.g. of a directory with a space, Hadoop would encode again);
+    else ``base`` (the table URI) joined with the encoded path."""
+    if "://" in rel:
+        return rel
+    if "://" not in path:
+        return "file://" + os.path.join(os.path.abspath(path), unquote(rel))
+    return f"{base}/{rel}"
+
+
 def _newer(path: str, version: int) -> bool:
     """Whether the table may have commits after ``version``: for a local table, whether
     the next commit file exists (one ``stat``, where an update of the handle lists the log)."""
@@ -152,7 +164,7 @@ class DeltaStore:
         col = "partition._bucket"
         buckets = (actions.column(col).to_pylist() if col in actions.column_names
                    else None)
-        return [{"uri": rel if "://" in rel else f"{base}/{rel}", "path": rel, "rows": rows,
+        return [{"uri": _file_uri(path, base, rel), "path": rel, "rows": rows,
                  "size": size, "partition": {} if buckets is None else {"_bucket": buckets[i]}}
                 for i, (rel, rows, size) in enumerate(zip(
                     actions.column("path").to_pylist(),
@@ -315,14 +327,15 @@ class DeltaStore:
             return None
         actions = pa.table(dt.get_add_actions(flatten=True))
         base = dt.table_uri.rstrip("/")
-        uris = [rel if "://" in rel else f"{base}/{unquote(rel)}"
-                for rel in actions.column("path").to_pylist()]
+        uris = [_file_uri(path, base, rel) for rel in actions.column("path").to_pylist()]
         parts = [c for c in actions.column_names if c.startswith("partition.")]
         return uris, actions.select(parts).rename_columns(
             [c.removeprefix("partition.") for c in parts])
 
     def missing_files(self, path: str, uris: list[str]) -> list[str]:
         """Those of ``uris`` (files of the table at ``path``) that no longer exist (vacuumed)."""
+        if "://" not in path:
+            return [u for u in uris if not os.path.exists(u.removeprefix("file://"))]
         dt = self._open(path)
         if dt is None:
             return list(uris)

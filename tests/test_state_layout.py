@@ -33,11 +33,13 @@ def state_files(root, table: str, operator: str) -> list[str]:
 @pytest.mark.parametrize("path", ["spark", "driver"])
 def test_compaction_keeps_results_exact(spark, tmp_path, monkeypatch, path):
     """Full and partial compactions of aggregate, value-multiset and join-side logs, on
-    either path (the driver path merges delta files with Arrow)."""
+    either path (the driver path merges delta files with Arrow), in a project whose path
+    has a space (Delta's file URIs percent-encode it)."""
+    tmp_path = tmp_path / "a project"
     monkeypatch.setattr(state_log, "MERGE_DELTAS", 2)  # merge delta files every few batches
     src = RandomInput(7, debezium=True)
     sql = SQL.format(ddl=src.ddl())
-    (tmp_path / "sql").mkdir()
+    (tmp_path / "sql").mkdir(parents=True)
     (tmp_path / "sql" / "t.sql").write_text(sql)
     project = load_project(tmp_path)
     keyed = {n: project.table(n).physical.pk is not None for n in ("per_g", "pairs")}

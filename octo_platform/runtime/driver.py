@@ -30,8 +30,8 @@ import pyarrow.compute as pc
 from octo_platform.columns import BUCKET, WEIGHT
 from octo_platform.physical.plan import PAggregate, PhysicalPlan, PJoin, PSource, PStateless, PUnion
 from octo_platform.runtime.operators import BatchContext, apply_steps
-from octo_platform.runtime.operators.arrow import arrow_schema, concat, key_join, primitive, \
-    safe_keys
+from octo_platform.runtime.operators.arrow import arrow_schema, concat, key_join, local_path, \
+    primitive, safe_keys
 from octo_platform.runtime.operators.kernels import (
     AggregateKernel,
     JoinKernel,
@@ -313,8 +313,8 @@ def _bucket_rows(uri: str, image: pa.StructType) -> pa.Table:
     """A current-state file's rows with its ``_bucket`` (from its partition directory)."""
     import pyarrow.parquet as pq
 
-    local = uri.removeprefix("file://")
-    if "://" in local:
+    local = local_path(uri)
+    if local is None:
         raise Unsupported("a remote warehouse")
     rows = pq.read_table(local).cast(pa.schema(list(image)))
     bucket = int(local.split(f"{BUCKET}=")[1].split("/")[0])

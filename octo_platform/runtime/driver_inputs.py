@@ -12,7 +12,6 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
-from urllib.parse import unquote
 
 import pyarrow as pa
 import pyarrow.compute as pc
@@ -22,7 +21,7 @@ from octo_platform.errors import RunError
 from octo_platform.local_frames import local_frame
 from octo_platform.runtime.inputs import LATE, advanced, mark_late, upstream_watermark
 from octo_platform.runtime.offsets import source_key
-from octo_platform.runtime.operators.arrow import arrow_schema, collect_arrow
+from octo_platform.runtime.operators.arrow import arrow_schema, collect_arrow, local_path
 from octo_platform.runtime.operators.kernels import LocalContext, Unsupported
 
 if TYPE_CHECKING:
@@ -127,8 +126,8 @@ def _upstream(pipe: TableRun, src: Any, got: dict[str, Any] | None) -> pa.Table:
     upstream = pipe.project.table(src.name)
     path = pipe.layout.changelog(upstream.name)
     files = pipe.env.store.added_files(path, got["from"], got["to"]) if got else []
-    local = [unquote(f.removeprefix("file://")) for f in files]
-    if any("://" in f for f in local):
+    local = [local_path(f) for f in files]
+    if any(f is None for f in local):
         raise Unsupported("a remote warehouse")
     schema = pipe.env.store.arrow_schema(path)
     if schema is None:

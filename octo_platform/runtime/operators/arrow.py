@@ -22,7 +22,7 @@ if TYPE_CHECKING:
 COLLECT_ROWS = 2000  # measured: collecting 10K rows as Python objects took ~0.25 s
 
 __all__ = ["spark_eval", "collect_arrow", "arrow_schema", "safe_keys", "key_join", "concat",
-           "primitive"]
+           "primitive", "local_path"]
 
 
 def spark_eval(spark: SparkSession, table: pa.Table,
@@ -52,6 +52,14 @@ def collect_arrow(df: DataFrame, rows_in: int = 1, schema: pa.Schema | None = No
     columns = list(zip(*[tuple(r) for r in rows]))
     return pa.table([pa.array([_plain(v) for v in col], f.type)
                      for col, f in zip(columns, schema)], names=names)
+
+
+def local_path(uri: str) -> str | None:
+    """The local file a data file URI of the store names (``Store.data_files`` gives a
+    local table's files as ``file://`` and their decoded path), or None for a file in
+    object storage."""
+    path = uri.removeprefix("file://")
+    return None if "://" in path else path
 
 
 def arrow_schema(schema: StructType) -> pa.Schema:

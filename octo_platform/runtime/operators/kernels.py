@@ -26,6 +26,7 @@ from octo_platform.runtime.operators.arrow import (
     arrow_schema,
     concat,
     key_join,
+    local_path,
     safe_keys,
     spark_eval,
 )
@@ -148,8 +149,8 @@ def _read_files(files: list[dict], schema: pa.Schema) -> pa.Table | None:
     """The rows of local state files, as ``schema``; None when one is remote."""
     import pyarrow.parquet as pq
 
-    paths = [f["uri"].removeprefix("file://") for f in files]
-    if any("://" in p for p in paths):
+    paths = [local_path(f["uri"]) for f in files]
+    if any(p is None for p in paths):
         return None
     return concat([pq.read_table(p).select(schema.names).cast(schema) for p in paths], schema)
 
