@@ -89,7 +89,7 @@ def write_batch(pipe: TableRun, ctx: BatchContext, events: Events,
     table once (idempotently; ``resumed`` as in ``write_outputs``)."""
     lay = pipe.layout
     outputs = [Output(f"state/{w.table}", lay.state(pipe.name, w.table), w.data,
-                      bucketed=w.buckets is not None,
+                      bucketed=w.buckets is not None or w.bucketed,
                       replace=None if w.buckets is None else set(w.buckets),
                       remove=w.remove, prefix=w.prefix)
                for w in ctx.writes

@@ -30,7 +30,8 @@ if TYPE_CHECKING:
 __all__ = ["BATCH", "STATE_FORMAT", "MERGE_DELTAS", "StateFile", "read_log", "latest",
            "compaction", "with_batch"]
 
-STATE_FORMAT = 2  # version of the warehouse's state layout (1: bucket files rewritten whole)
+STATE_FORMAT = 3  # version of the warehouse's state layout (1: bucket files rewritten whole;
+# 2: unpartitioned logs; 3: aggregate logs partitioned by the bucket of the group key)
 BATCH = "_batch"  # the batch that wrote a keyed state row
 MERGE_DELTAS = 16  # delta files of a state table before they are merged into one
 StateFile = dict[str, Any]  # {"uri", "path", "rows", "size"} (``Store.data_files``)

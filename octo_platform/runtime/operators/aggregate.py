@@ -101,7 +101,7 @@ class Aggregate:
                      newer_than=self.expired())
         ctx.compact(node.id, lambda files, full: merge_keyed(
             ctx.spark, files, shape.state_schema, names, full=full,
-            alive=self.kept(alive)))
+            alive=self.kept(alive)), names)
         d = dagg
         for i in shape.ms_schemas:
             result = self.multiset(i, delta, shape.ms_schemas[i])
@@ -116,7 +116,7 @@ class Aggregate:
             *self.keys, f"n{COUNT} AS {COUNT}",
             *[f"n{f.name} AS {f.name}" for f in shape.state_schema.fields[len(self.keys) + 1:]],
             f"CAST({ctx.batch} AS BIGINT) AS {BATCH}")
-        ctx.append_log(node.id, new_state)
+        ctx.append_log(node.id, new_state, names)
         if node.emit_on_close:
             return self.closing(table, shape)
         return self.output(table, shape)
@@ -194,7 +194,8 @@ class Aggregate:
         old = latest(ctx.spark, ctx.state_log(table), schema, names,
                      wanted=delta.select(*self.keys) if self.keys else None, alive="cnt != 0")
         ctx.compact(table, lambda files, full: merge_keyed(
-            ctx.spark, files, schema, names, full=full, alive=self.kept("cnt != 0")))
+            ctx.spark, files, schema, names, full=full, alive=self.kept("cnt != 0")),
+            list(node.keys))
         on = " AND ".join(f"o.{c} <=> d.{c}" for c in [*self.keys, "v"])
         merged = ctx.persist(old.alias("o").join(dv.alias("d"), sql_expr(on), "full_outer")
                              .selectExpr(*[f"coalesce(o.{c}, d.{c}) AS {c}"
@@ -202,7 +203,7 @@ class Aggregate:
                                          "coalesce(o.cnt, 0) + coalesce(d.dcnt, 0) AS cnt",
                                          "d.dcnt IS NOT NULL AS _changed"))
         ctx.append_log(table, merged.filter("_changed").selectExpr(
-            *self.keys, "v", "cnt", f"CAST({ctx.batch} AS BIGINT) AS {BATCH}"))
+            *self.keys, "v", "cnt", f"CAST({ctx.batch} AS BIGINT) AS {BATCH}"), list(node.keys))
         fn = "count" if a.func == "count" else a.func
         return merged.filter("cnt > 0").groupBy(*self.keys).agg(sql_expr(f"{fn}(v) AS r{i}"))
 

@@ -32,13 +32,15 @@ class StateReader(Protocol):
 class StagedWrite:
     """Rows for a state table: with ``buckets``, the new contents of those ``_bucket``
     partitions; without, rows appended to a state log (``prefix`` ``delta``, or ``base``
-    for a full compaction), with ``remove`` naming the files a compaction replaces."""
+    for a full compaction), with ``remove`` naming the files a compaction replaces
+    (``bucketed``: a log partitioned by ``_bucket``, a column of ``data``)."""
 
     table: str
     data: DataFrame
     buckets: list[int] | None
     remove: tuple[str, ...] = ()
     prefix: str = "delta"
+    bucketed: bool = False
 
 
 @dataclass
@@ -77,20 +79,30 @@ class BatchContext:
             return self.spark.createDataFrame([], schema)
         return self.spark.read.schema(schema).parquet(*files)
 
-    def append_log(self, table: str, rows: DataFrame) -> None:
+    def append_log(self, table: str, rows: DataFrame,
+                   bucket_keys: list[str] | None = None) -> None:
         """Stage ``rows`` for the end of a state log: as ``delta`` files, or, when the log
-        is empty (its first write), as its ``base`` files (nothing to compact them with)."""
-        self.writes.append(StagedWrite(table, rows, None,
-                                       prefix="delta" if self.state_log(table) else "base"))
+        is empty (its first write), as its ``base`` files (nothing to compact them with).
+        ``bucket_keys``: the log is partitioned by the bucket of these columns."""
+        self.writes.append(self._log_write(table, rows, bucket_keys,
+                                           "delta" if self.state_log(table) else "base"))
 
-    def compact(self, table: str, merge: Callable[[list[StateFile], bool], DataFrame]) -> None:
+    def compact(self, table: str, merge: Callable[[list[StateFile], bool], DataFrame],
+                bucket_keys: list[str] | None = None) -> None:
         """Stage this batch's compaction of a state log, if it is due (``state_log``)."""
         due = compaction(self.state_log(table))
         if due is not None:
             files, full = due
-            self.writes.append(StagedWrite(table, merge(files, full), None,
-                                           tuple(f["path"] for f in files),
-                                           "base" if full else "delta"))
+            self.writes.append(self._log_write(table, merge(files, full), bucket_keys,
+                                               "base" if full else "delta",
+                                               tuple(f["path"] for f in files)))
+
+    def _log_write(self, table: str, rows: DataFrame, bucket_keys: list[str] | None,
+                   prefix: str, remove: tuple[str, ...] = ()) -> StagedWrite:
+        if bucket_keys is None:
+            return StagedWrite(table, rows, None, remove, prefix)
+        rows = rows.selectExpr("*", f"{bucket_sql(bucket_keys, self.buckets)} AS {BUCKET}")
+        return StagedWrite(table, rows, None, remove, prefix, bucketed=True)
 
 
 def bucket_sql(keys: list[str] | tuple[str, ...], buckets: int) -> str:

@@ -18,7 +18,7 @@ from typing import TYPE_CHECKING, Any, Callable
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from octo_platform.columns import COUNT, WEIGHT
+from octo_platform.columns import BUCKET, COUNT, WEIGHT
 from octo_platform.local_frames import arrow_type, local_frame
 from octo_platform.physical.plan import PAggregate, PJoin
 from octo_platform.runtime.operators.aggregate import Aggregate
@@ -30,9 +30,16 @@ from octo_platform.runtime.operators.arrow import (
     safe_keys,
     spark_eval,
 )
-from octo_platform.runtime.operators.context import BatchContext, positional, side_schema
+from octo_platform.runtime.operators.aggregate_kernel import aggregate_step, newest, unsuffix
+from octo_platform.runtime.operators.context import (
+    BatchContext,
+    bucket_sql,
+    positional,
+    side_schema,
+)
 from octo_platform.runtime.operators.join import Join
-from octo_platform.runtime.state_log import BATCH, compaction, latest, read_log
+from octo_platform.runtime.operators.spark_hash import hashable, spark_hash, spark_pmod
+from octo_platform.runtime.state_log import compaction, latest, read_log
 from octo_platform.sqltext import unquote
 
 if TYPE_CHECKING:
@@ -65,6 +72,7 @@ class StagedRows:
     rows: pa.Table
     prefix: str = "delta"
     remove: tuple[str, ...] = ()
+    bucketed: bool = False  # ``rows`` has a ``_bucket`` column: the table is partitioned
 
 
 @dataclass
@@ -125,24 +133,44 @@ class LocalContext:
 
     def stage(self, table: str, changes: pa.Table, before: pa.Table,
               base: Callable[[pa.Table], pa.Table],
-              merge: Callable[[pa.Table], pa.Table]) -> None:
+              merge: Callable[[pa.Table], pa.Table],
+              bucket_keys: list[str] | None = None) -> None:
         """Stage the batch's ``changes`` for the end of a state log (its ``base`` when the log
         is empty), and the log's compaction when it is due (``state_log.compaction``): a full
         one is ``base(before)``, the rows before the batch, replacing every pinned file; a
         partial one is ``merge`` of the rows of the delta files it merges (read with Arrow;
-        from a remote warehouse, a full one instead), replacing them."""
+        from a remote warehouse, a full one instead), replacing them. ``bucket_keys``: the
+        log is partitioned by the bucket of these columns (an aggregate's group key)."""
         files = self.ctx.state_log(table)
+
+        def staged(rows: pa.Table, prefix: str, remove: tuple[str, ...] = ()) -> StagedRows:
+            if bucket_keys is None:
+                return StagedRows(table, rows, prefix, remove)
+            return StagedRows(table, rows.append_column(BUCKET, self.bucket(rows, bucket_keys)),
+                              prefix, remove, bucketed=True)
+
         due = compaction(files)
         if due is not None:
             merging, full = due
             rows = None if full else _read_files(merging, changes.schema)
             if rows is None:
-                self.writes.append(StagedRows(table, base(before), "base",
-                                              tuple(f["path"] for f in files)))
+                self.writes.append(staged(base(before), "base",
+                                          tuple(f["path"] for f in files)))
             else:
-                self.writes.append(StagedRows(table, merge(rows), "delta",
-                                              tuple(f["path"] for f in merging)))
-        self.writes.append(StagedRows(table, changes, "delta" if files else "base"))
+                self.writes.append(staged(merge(rows), "delta",
+                                          tuple(f["path"] for f in merging)))
+        self.writes.append(staged(changes, "delta" if files else "base"))
+
+    def bucket(self, table: pa.Table, keys: list[str]) -> pa.Array:
+        """Each row's bucket of ``keys`` (``context.bucket_sql``): in Arrow for the types
+        ``spark_hash`` covers, else by Spark."""
+        if not keys:
+            return pa.array([0] * table.num_rows, pa.int32())
+        if all(hashable(table.schema.field(k).type) for k in keys):
+            return spark_pmod(spark_hash([table[k] for k in keys]), self.ctx.buckets)
+        got = self.sql(f"bucket:{keys}", table.select(keys), lambda df: df.selectExpr(
+            f"{bucket_sql(keys, self.ctx.buckets)} AS {BUCKET}"))
+        return got[BUCKET]
 
 
 def _read_files(files: list[dict], schema: pa.Schema) -> pa.Table | None:
@@ -155,31 +183,9 @@ def _read_files(files: list[dict], schema: pa.Schema) -> pa.Table | None:
     return concat([pq.read_table(p).select(schema.names).cast(schema) for p in paths], schema)
 
 
-def _newest(keys: list[str]) -> Callable[[pa.Table], pa.Table]:
-    """A keyed log's partial merge: the newest row (by ``_batch``) of each key, tombstones
-    (count 0) kept, as ``state_log.merge_keyed`` with ``full=False``."""
-    def merge(rows: pa.Table) -> pa.Table:
-        if not keys:
-            return rows.sort_by([(BATCH, "descending")]).slice(0, 1)
-        others = [c for c in rows.column_names if c not in keys]
-        newest = rows.sort_by([(BATCH, "descending")]).group_by(
-            keys, use_threads=False).aggregate([(c, "first") for c in others])
-        return newest.rename_columns([_unsuffix(c, [(o, "first") for o in others])
-                                      for c in newest.column_names]).select(
-            rows.column_names).cast(rows.schema)
-    return merge
-
-
-def _batch_column(table: pa.Table, batch: int) -> pa.Table:
-    return table.append_column(BATCH, pa.array([batch] * table.num_rows, pa.int64()))
-
-
-def _prefixed(table: pa.Table, prefix: str) -> pa.Table:
-    return table.rename_columns([prefix + c for c in table.column_names])
-
-
 class AggregateKernel:
-    """GROUP BY with retractions (``aggregate.Aggregate``'s state and output, in Arrow)."""
+    """GROUP BY with retractions (``aggregate.Aggregate``'s state and output, in Arrow):
+    ``aggregate_kernel.AggregateStep`` over the run's cache of the state."""
 
     def __init__(self, node: PAggregate, lc: LocalContext) -> None:
         self.node, self.lc = node, lc
@@ -190,125 +196,28 @@ class AggregateKernel:
         node, lc, keys = self.node, self.lc, self.keys
         shape = lc.once(f"shape:{node.id}:{delta.schema}",
                         lambda: self.op.shape(lc.frame(delta)))
-        state = arrow_schema(shape.state_schema)
-        if any(pa.types.is_decimal(state.field(f).type) for f in state.names[len(keys) + 1:]
-               if f[0] == "s"):
-            raise Unsupported("SUM/AVG of decimals")  # Arrow's decimal arithmetic differs
+        step = aggregate_step(node, shape, lc.ctx.batch)
+        if step is None:
+            raise Unsupported("SUM/AVG of decimals, or nested types")
         alive = f"{COUNT} != 0" if keys else None
         before = lc.cached(node.id, lambda: latest(
             lc.spark, lc.ctx.state_log(node.id), shape.state_schema, keys, alive=alive,
             keep_batch=True))
         if not delta.num_rows and (keys or before.num_rows):  # no group changes
             return self.out_schema(shape).empty_table()
-        d = self.delta_groups(delta, shape, state)
-        for i, schema in shape.ms_schemas.items():
-            d = self.with_multiset(d, i, delta, schema)
-        dk, dcols = safe_keys(_prefixed(d, "d."), [f"d.{k}" for k in keys], "_d")
-        ok, ocols = safe_keys(_prefixed(before, "o."), [f"o.{k}" for k in keys], "_o")
-        old = key_join(ok, dk.select(dcols), ocols, dcols, "left semi")
-        both = key_join(dk, old, dcols, ocols, "left outer")
-        table = self.accumulators(both, state)
-        new_state = table.select([*keys, f"n{COUNT}", *[f"n{f.name}" for f in
-                                                        state][len(keys) + 1:]])
-        new_state = _batch_column(new_state.rename_columns(state.names), lc.ctx.batch)
-        new_state = new_state.cast(pa.schema([*state, pa.field(BATCH, pa.int64())]))
-        kept = before if not keys else key_join(
-            ok, dk.select(dcols), ocols, dcols, "left anti").select(
-            [f"o.{c}" for c in before.column_names]).rename_columns(before.column_names)
-        live = new_state.filter(pc.not_equal(new_state[COUNT], 0)) if keys else new_state
-        lc.fresh[node.id] = concat([kept, live], before.schema) if keys else live.cast(
-            before.schema)
-        lc.stage(node.id, new_state, before, lambda rows: rows, _newest(keys))
-        return self.output(table, shape)
+        ms_before = {i: lc.cached(node.multiset_table(i), lambda i=i: latest(
+            lc.spark, lc.ctx.state_log(node.multiset_table(i)), shape.ms_schemas[i],
+            [*keys, "v"], alive="cnt != 0", keep_batch=True)) for i in shape.ms_schemas}
+        done = step.run(delta, before, ms_before)
+        lc.fresh[node.id] = done.after
+        lc.stage(node.id, done.changes, before, lambda rows: rows, newest(keys), keys)
+        for i, (changes, after) in done.ms.items():
+            table = node.multiset_table(i)
+            lc.fresh[table] = after
+            lc.stage(table, changes, ms_before[i], lambda rows: rows, newest([*keys, "v"]),
+                     keys)
+        return self.output(done.table, shape)
 
-    def delta_groups(self, delta: pa.Table, shape, state: pa.Schema) -> pa.Table:
-        """The batch per group: ``d_n`` and per aggregate ``dc<i>``/``ds<i>``/``dm<i>``
-        (as the Spark operator's ``delta_exprs``)."""
-        w = delta[WEIGHT]
-        cols = {k: delta[k] for k in self.keys}
-        cols[f"d{COUNT}"] = w
-        aggs = [(f"d{COUNT}", "sum")]
-        zero = pa.scalar(0, pa.int64())
-        for i, a in enumerate(self.node.aggs):
-            x = delta[a.arg] if a.arg else None
-            if a.strategy in ("count", "sum") and x is not None:
-                cols[f"dc{i}"] = pc.if_else(pc.is_valid(x), w, zero)
-                aggs.append((f"dc{i}", "sum"))
-            if a.strategy == "sum":
-                t = state.field(f"s{i}").type
-                cols[f"ds{i}"] = pc.multiply(x.cast(t), w.cast(t))
-                aggs.append((f"ds{i}", "sum"))
-            elif a.strategy == "running":
-                cols[f"dm{i}"] = x
-                aggs.append((f"dm{i}", a.func))
-        grouped = pa.table(cols).group_by(self.keys, use_threads=False).aggregate(aggs)
-        return grouped.rename_columns([_unsuffix(c, aggs) for c in grouped.column_names])
-
-    def with_multiset(self, d: pa.Table, i: int, delta: pa.Table, schema) -> pa.Table:
-        """Update aggregate ``i``'s (keys, value) -> count state; ``d`` gains ``r<i>``: the
-        result over every value of each group the batch touched."""
-        node, lc, keys = self.node, self.lc, self.keys
-        a, table = node.aggs[i], node.multiset_table(i)
-        names = [*keys, "v"]
-        before = lc.cached(table, lambda: latest(lc.spark, lc.ctx.state_log(table), schema,
-                                                 names, alive="cnt != 0", keep_batch=True))
-        x = delta[a.arg]
-        dv = pa.table({**{k: delta[k] for k in keys}, "v": x, "dcnt": delta[WEIGHT]}).filter(
-            pc.is_valid(x)).group_by(names, use_threads=False).aggregate([("dcnt", "sum")])
-        dv = dv.rename_columns([_unsuffix(c, [("dcnt", "sum")]) for c in dv.column_names])
-        ok, ocols = safe_keys(_prefixed(before, "o."), [f"o.{c}" for c in names], "_o")
-        dk, dcols = safe_keys(_prefixed(dv, "d."), [f"d.{c}" for c in names], "_d")
-        both = key_join(dk, key_join(ok, dk.select(dcols), ocols, dcols, "left semi"),
-                        dcols, ocols, "left outer")
-        cnt = pc.add(pc.fill_null(both["o.cnt"], 0), both["d.dcnt"])
-        changed = pa.table({**{c: pc.coalesce(both[f"d.{c}"], both[f"o.{c}"]) for c in names},
-                            "cnt": cnt})
-        changed = _batch_column(changed, lc.ctx.batch).cast(before.schema)
-        kept = key_join(ok, dk.select(dcols), ocols, dcols, "left anti").select(
-            [f"o.{c}" for c in before.column_names]).rename_columns(before.column_names)
-        after = concat([kept, changed.filter(pc.not_equal(changed["cnt"], 0))], before.schema)
-        lc.fresh[table] = after
-        lc.stage(table, changed, before, lambda rows: rows, _newest(names))
-        values = after
-        if keys:  # every value of the groups the batch touched
-            groups, gcols = safe_keys(pa.table({k: delta[k] for k in keys}), keys, "_g")
-            mine, acols = safe_keys(after, keys, "_a")
-            values = key_join(mine, groups.select(gcols).group_by(gcols, use_threads=False)
-                              .aggregate([]), acols, gcols, "left semi")
-        fn = "count" if a.func == "count" else a.func
-        r = values.select([*keys, "v"]).group_by(keys, use_threads=False).aggregate(
-            [("v", fn)]).rename_columns([*keys, f"r{i}"] if keys else [f"r{i}"])
-        if not keys:
-            return d.append_column(f"r{i}", r[f"r{i}"])
-        dk2, dcols2 = safe_keys(d, keys, "_q")
-        rk, rcols = safe_keys(_prefixed(r, "r."), [f"r.{k}" for k in keys], "_r")
-        joined = key_join(dk2, rk, dcols2, rcols, "left outer")
-        return joined.select([*d.column_names, f"r.r{i}"]).rename_columns(
-            [*d.column_names, f"r{i}"])
-
-    def accumulators(self, both: pa.Table, state: pa.Schema) -> pa.Table:
-        """Old (``o``) and new (``n``) accumulators of every touched group, named as the
-        Spark operator's ``merge_exprs`` names them."""
-        keys = self.keys
-        cols = {k: both[f"d.{k}"] for k in keys}  # every touched group is in the batch
-        o_n = both[f"o.{COUNT}"]
-        cols[f"o{COUNT}"] = o_n
-        cols[f"n{COUNT}"] = pc.add(pc.fill_null(o_n, 0), pc.fill_null(both[f"d.d{COUNT}"], 0))
-        for f in state.names[len(keys) + 1:]:
-            i, t = int(f[1:]), state.field(f).type
-            a, old = self.node.aggs[i], both[f"o.{f}"]
-            if f[0] in "cs":
-                zero = pa.scalar(0, t) if not pa.types.is_floating(t) else pa.scalar(0.0, t)
-                new = pc.add(pc.fill_null(old, zero), pc.fill_null(both[f"d.d{f}"].cast(t),
-                                                                    zero)).cast(t)
-            elif a.strategy == "running":
-                new = _extreme(a.func, old, both[f"d.d{f}"].cast(t))
-            else:
-                r = both[f"d.r{i}"]
-                new = (pc.fill_null(r, 0) if a.func == "count" else r).cast(t)
-            cols[f"o{f}"], cols[f"n{f}"] = old, new
-        cols["_touched"] = pa.array([True] * both.num_rows, pa.bool_())
-        return pa.table(cols)
 
     @staticmethod
     def out_schema(shape) -> pa.Schema:
@@ -395,20 +304,6 @@ def _same(a: pa.ChunkedArray, b: pa.ChunkedArray) -> pa.ChunkedArray:
     both_null = pc.and_(pc.is_null(a), pc.is_null(b))
     return pc.or_(pc.fill_null(equal, False), both_null)
 
-
-def _extreme(func: str, a: pa.ChunkedArray, b: pa.ChunkedArray) -> pa.ChunkedArray:
-    """Element-wise ``least``/``greatest`` skipping NULLs, as Spark's (for every ordered
-    type: Arrow's ``min_element_wise`` has no kernel for zoned timestamps)."""
-    pick_b = pc.less(b, a) if func == "min" else pc.greater(b, a)
-    return pc.if_else(pc.is_null(a), b, pc.if_else(pc.fill_null(pick_b, False), b, a))
-
-
-def _unsuffix(name: str, aggs: list[tuple[str, str]]) -> str:
-    """A ``group_by().aggregate`` column's name without its ``_<function>`` suffix."""
-    for col, fn in aggs:
-        if name == f"{col}_{fn}":
-            return col
-    return name
 
 
 class JoinKernel:
@@ -522,7 +417,7 @@ class JoinKernel:
             kc = op.kcols(s)
             g = rows[s].group_by(kc, use_threads=False).aggregate(
                 [(f"_{s}o", "sum"), (f"_{s}n", "sum"), (f"_{s}d", "max")])
-            g = g.rename_columns([_unsuffix(c, [(f"_{s}o", "sum"), (f"_{s}n", "sum"),
+            g = g.rename_columns([unsuffix(c, [(f"_{s}o", "sum"), (f"_{s}n", "sum"),
                                                 (f"_{s}d", "max")]) for c in g.column_names])
             null = pa.array([False] * g.num_rows, pa.bool_())
             for c in kc:

@@ -1,0 +1,219 @@
+"""GROUP BY's kernel in pure Arrow: (a bucket's Δ, that bucket's state) -> (old and new
+accumulators of the groups it touches, state changes). No Spark here: the same step runs
+in the driver (``kernels.AggregateKernel``, small batches, over the run's state cache) and in
+Spark tasks (``aggregate_tasks``, large batches, over one ``_bucket`` of the state log).
+
+The state and the accumulators are ``aggregate.Aggregate``'s (its ``merge_exprs`` names
+them); its Spark SQL computes the output rows from them.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any, Callable
+
+import pyarrow as pa
+import pyarrow.compute as pc
+
+from octo_platform.columns import COUNT, WEIGHT
+from octo_platform.runtime.operators.arrow import arrow_schema, concat, key_join, primitive, safe_keys
+from octo_platform.runtime.state_log import BATCH
+
+__all__ = ["AggregateStep", "Stepped", "aggregate_step", "newest", "unsuffix",
+           "with_batch_column"]
+
+
+@dataclass
+class Stepped:
+    """What a step made: the accumulators of every touched group (``table``), the state
+    log's new rows (``changes``, tombstones included, stamped with the batch) and its live
+    rows afterwards (``after``); per multiset aggregate ``i``, the same (``ms[i]``)."""
+
+    table: pa.Table
+    changes: pa.Table
+    after: pa.Table
+    ms: dict[int, tuple[pa.Table, pa.Table]]
+
+
+@dataclass(frozen=True)
+class AggregateStep:
+    """One GROUP BY's step (picklable: Spark ships it to tasks). ``state``: the state
+    table's schema (keys, ``_n``, accumulators) and ``ms``: each multiset table's
+    (keys, ``v``, ``cnt``), all without ``_batch``."""
+
+    keys: tuple[str, ...]
+    aggs: tuple[Any, ...]
+    state: pa.Schema
+    ms: dict[int, pa.Schema]
+    batch: int
+
+    @property
+    def logged(self) -> pa.Schema:
+        """The state log's rows: the state and the batch that wrote them."""
+        return self.state.append(pa.field(BATCH, pa.int64()))
+
+    def ms_logged(self, i: int) -> pa.Schema:
+        return self.ms[i].append(pa.field(BATCH, pa.int64()))
+
+    def run(self, delta: pa.Table, before: pa.Table, ms_before: dict[int, pa.Table]
+            ) -> Stepped:
+        """``delta``: the batch's rows (keys, aggregate arguments, ``_w``); ``before``: the
+        live state rows (``logged``) of at least the groups it touches; ``ms_before``: the
+        same of each multiset."""
+        keys = list(self.keys)
+        d = self.delta_groups(delta)
+        ms = {}
+        for i in self.ms:
+            d, ms[i] = self.with_multiset(d, i, delta, ms_before[i])
+        dk, dcols = safe_keys(_prefixed(d, "d."), [f"d.{k}" for k in keys], "_d")
+        ok, ocols = safe_keys(_prefixed(before, "o."), [f"o.{k}" for k in keys], "_o")
+        old = key_join(ok, dk.select(dcols), ocols, dcols, "left semi")
+        table = self.accumulators(key_join(dk, old, dcols, ocols, "left outer"))
+        changes = table.select([*keys, f"n{COUNT}", *[f"n{f}" for f in
+                                                      self.state.names[len(keys) + 1:]]])
+        changes = with_batch_column(changes.rename_columns(self.state.names), self.batch)
+        changes = changes.cast(self.logged)
+        if not keys:
+            return Stepped(table, changes, changes, ms)
+        kept = key_join(ok, dk.select(dcols), ocols, dcols, "left anti").select(
+            [f"o.{c}" for c in before.column_names]).rename_columns(before.column_names)
+        live = changes.filter(pc.not_equal(changes[COUNT], 0))
+        return Stepped(table, changes, concat([kept, live], self.logged), ms)
+
+    def delta_groups(self, delta: pa.Table) -> pa.Table:
+        """The batch per group: ``d_n`` and per aggregate ``dc<i>``/``ds<i>``/``dm<i>``
+        (as the Spark operator's ``delta_exprs``)."""
+        w = delta[WEIGHT]
+        cols = {k: delta[k] for k in self.keys}
+        cols[f"d{COUNT}"] = w
+        aggs = [(f"d{COUNT}", "sum")]
+        zero = pa.scalar(0, pa.int64())
+        for i, a in enumerate(self.aggs):
+            x = delta[a.arg] if a.arg else None
+            if a.strategy in ("count", "sum") and x is not None:
+                cols[f"dc{i}"] = pc.if_else(pc.is_valid(x), w, zero)
+                aggs.append((f"dc{i}", "sum"))
+            if a.strategy == "sum":
+                t = self.state.field(f"s{i}").type
+                cols[f"ds{i}"] = pc.multiply(x.cast(t), w.cast(t))
+                aggs.append((f"ds{i}", "sum"))
+            elif a.strategy == "running":
+                cols[f"dm{i}"] = x
+                aggs.append((f"dm{i}", a.func))
+        grouped = pa.table(cols).group_by(list(self.keys), use_threads=False).aggregate(aggs)
+        return grouped.rename_columns([unsuffix(c, aggs) for c in grouped.column_names])
+
+    def with_multiset(self, d: pa.Table, i: int, delta: pa.Table, before: pa.Table
+                      ) -> tuple[pa.Table, tuple[pa.Table, pa.Table]]:
+        """Aggregate ``i``'s (keys, value) -> count state updated; ``d`` gains ``r<i>``: the
+        result over every value of each group the batch touched."""
+        keys, a = list(self.keys), self.aggs[i]
+        names = [*keys, "v"]
+        x = delta[a.arg]
+        dv = pa.table({**{k: delta[k] for k in keys}, "v": x, "dcnt": delta[WEIGHT]}).filter(
+            pc.is_valid(x)).group_by(names, use_threads=False).aggregate([("dcnt", "sum")])
+        dv = dv.rename_columns([unsuffix(c, [("dcnt", "sum")]) for c in dv.column_names])
+        ok, ocols = safe_keys(_prefixed(before, "o."), [f"o.{c}" for c in names], "_o")
+        dk, dcols = safe_keys(_prefixed(dv, "d."), [f"d.{c}" for c in names], "_d")
+        both = key_join(dk, key_join(ok, dk.select(dcols), ocols, dcols, "left semi"),
+                        dcols, ocols, "left outer")
+        cnt = pc.add(pc.fill_null(both["o.cnt"], 0), both["d.dcnt"])
+        changed = pa.table({**{c: pc.coalesce(both[f"d.{c}"], both[f"o.{c}"]) for c in names},
+                            "cnt": cnt})
+        changed = with_batch_column(changed, self.batch).cast(self.ms_logged(i))
+        kept = key_join(ok, dk.select(dcols), ocols, dcols, "left anti").select(
+            [f"o.{c}" for c in before.column_names]).rename_columns(before.column_names)
+        after = concat([kept, changed.filter(pc.not_equal(changed["cnt"], 0))],
+                       self.ms_logged(i))
+        values = after
+        if keys:  # every value of the groups the batch touched
+            groups, gcols = safe_keys(pa.table({k: delta[k] for k in keys}), keys, "_g")
+            mine, acols = safe_keys(after, keys, "_a")
+            values = key_join(mine, groups.select(gcols).group_by(gcols, use_threads=False)
+                              .aggregate([]), acols, gcols, "left semi")
+        fn = "count" if a.func == "count" else a.func
+        r = values.select([*keys, "v"]).group_by(keys, use_threads=False).aggregate(
+            [("v", fn)]).rename_columns([*keys, f"r{i}"] if keys else [f"r{i}"])
+        if not keys:
+            return d.append_column(f"r{i}", r[f"r{i}"]), (changed, after)
+        dk2, dcols2 = safe_keys(d, keys, "_q")
+        rk, rcols = safe_keys(_prefixed(r, "r."), [f"r.{k}" for k in keys], "_r")
+        joined = key_join(dk2, rk, dcols2, rcols, "left outer")
+        return joined.select([*d.column_names, f"r.r{i}"]).rename_columns(
+            [*d.column_names, f"r{i}"]), (changed, after)
+
+    def accumulators(self, both: pa.Table) -> pa.Table:
+        """Old (``o``) and new (``n``) accumulators of every touched group, named as the
+        Spark operator's ``merge_exprs`` names them."""
+        keys, state = self.keys, self.state
+        cols = {k: both[f"d.{k}"] for k in keys}  # every touched group is in the batch
+        o_n = both[f"o.{COUNT}"]
+        cols[f"o{COUNT}"] = o_n
+        cols[f"n{COUNT}"] = pc.add(pc.fill_null(o_n, 0), pc.fill_null(both[f"d.d{COUNT}"], 0))
+        for f in state.names[len(keys) + 1:]:
+            i, t = int(f[1:]), state.field(f).type
+            a, old = self.aggs[i], both[f"o.{f}"]
+            if f[0] in "cs":
+                zero = pa.scalar(0, t) if not pa.types.is_floating(t) else pa.scalar(0.0, t)
+                new = pc.add(pc.fill_null(old, zero), pc.fill_null(both[f"d.d{f}"].cast(t),
+                                                                    zero)).cast(t)
+            elif a.strategy == "running":
+                new = _extreme(a.func, old, both[f"d.d{f}"].cast(t))
+            else:
+                r = both[f"d.r{i}"]
+                new = (pc.fill_null(r, 0) if a.func == "count" else r).cast(t)
+            cols[f"o{f}"], cols[f"n{f}"] = old, new
+        cols["_touched"] = pa.array([True] * both.num_rows, pa.bool_())
+        return pa.table(cols)
+
+
+def aggregate_step(node: Any, shape: Any, batch: int) -> AggregateStep | None:
+    """The step of GROUP BY ``node`` (a ``PAggregate``) in batch ``batch``, for the state
+    ``shape`` its Spark operator derived (``Aggregate.shape``); None when the kernel does not
+    cover it: SUM/AVG of decimals (Arrow's decimal arithmetic differs from Spark's) or keys
+    and values Arrow cannot group."""
+    state = arrow_schema(shape.state_schema)
+    ms = {i: arrow_schema(s) for i, s in shape.ms_schemas.items()}
+    if any(pa.types.is_decimal(state.field(f).type) for f in state.names[len(node.keys) + 1:]
+           if f[0] == "s"):
+        return None
+    if not all(primitive(f.type) for t in (state, *ms.values()) for f in t):
+        return None
+    return AggregateStep(tuple(node.keys), tuple(node.aggs), state, ms, batch)
+
+
+def newest(keys: list[str]) -> Callable[[pa.Table], pa.Table]:
+    """A keyed log's merge: the newest row (by ``_batch``) of each key, tombstones (count
+    0) kept, as ``state_log.merge_keyed`` with ``full=False``."""
+    def merge(rows: pa.Table) -> pa.Table:
+        if not keys:
+            return rows.sort_by([(BATCH, "descending")]).slice(0, 1)
+        others = [c for c in rows.column_names if c not in keys]
+        latest = rows.sort_by([(BATCH, "descending")]).group_by(
+            keys, use_threads=False).aggregate([(c, "first") for c in others])
+        return latest.rename_columns([unsuffix(c, [(o, "first") for o in others])
+                                      for c in latest.column_names]).select(
+            rows.column_names).cast(rows.schema)
+    return merge
+
+
+def with_batch_column(table: pa.Table, batch: int) -> pa.Table:
+    return table.append_column(BATCH, pa.array([batch] * table.num_rows, pa.int64()))
+
+
+def _prefixed(table: pa.Table, prefix: str) -> pa.Table:
+    return table.rename_columns([prefix + c for c in table.column_names])
+
+
+def _extreme(func: str, a: pa.ChunkedArray, b: pa.ChunkedArray) -> pa.ChunkedArray:
+    """Element-wise ``least``/``greatest`` skipping NULLs, as Spark's (for every ordered
+    type: Arrow's ``min_element_wise`` has no kernel for zoned timestamps)."""
+    pick_b = pc.less(b, a) if func == "min" else pc.greater(b, a)
+    return pc.if_else(pc.is_null(a), b, pc.if_else(pc.fill_null(pick_b, False), b, a))
+
+
+def unsuffix(name: str, aggs: list[tuple[str, str]]) -> str:
+    """A ``group_by().aggregate`` column's name without its ``_<function>`` suffix."""
+    for col, fn in aggs:
+        if name == f"{col}_{fn}":
+            return col
+    return name
