@@ -38,6 +38,15 @@ def _open_output(storage_options: dict[str, str] | None, path: str,
     return handler.open_output_stream(relative)
 
 
+def _open_input(storage_options: dict[str, str] | None, path: str,
+                relative: str) -> pa.NativeFile:
+    """Data file ``relative`` (as ``data_files`` names it) of the table at ``path``."""
+    if "://" not in path:
+        return fs.LocalFileSystem().open_input_file(os.path.join(path, unquote(relative)))
+    handler = fs.PyFileSystem(DeltaStorageHandler(path, storage_options))
+    return handler.open_input_file(relative)
+
+
 def _nullable(table: pa.Table) -> pa.Table:
     """Mark every field nullable so batches whose nullability differs share one schema."""
 
@@ -229,6 +238,10 @@ class DeltaStore:
         """A picklable ``open(table_path, relative_path)`` for executors: data files are
         written where the data is, and only their names travel to the driver's commit."""
         return functools.partial(_open_output, self.storage_options)
+
+    def reader(self) -> Callable[[str, str], pa.NativeFile]:
+        """A picklable ``open(table_path, relative_path)`` of data files, for executors."""
+        return functools.partial(_open_input, self.storage_options)
 
     def commit(
         self,

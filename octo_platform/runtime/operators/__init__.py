@@ -29,7 +29,7 @@ from octo_platform.physical.plan import (
     PTopN,
     PUnion,
 )
-from octo_platform.runtime.operators.aggregate import Aggregate
+from octo_platform.runtime.operators.aggregate_tasks import run_aggregate
 from octo_platform.runtime.operators.context import (
     BatchContext,
     StagedWrite,
@@ -62,7 +62,7 @@ def evaluate(node: PNode, ctx: BatchContext) -> DataFrame:
         parts = [evaluate(c, ctx).toDF(*node.columns, WEIGHT) for c in node.children]
         return reduce(lambda a, b: a.union(b), parts)
     if isinstance(node, PAggregate):
-        return Aggregate(node, ctx).run(evaluate(node.input, ctx))
+        return run_aggregate(node, ctx, evaluate(node.input, ctx))
     if isinstance(node, PJoin):
         return Join(node, ctx).run(evaluate(node.left, ctx), evaluate(node.right, ctx))
     if isinstance(node, PTopN):

@@ -188,8 +188,9 @@ def newest(keys: list[str]) -> Callable[[pa.Table], pa.Table]:
         if not keys:
             return rows.sort_by([(BATCH, "descending")]).slice(0, 1)
         others = [c for c in rows.column_names if c not in keys]
+        whole = pc.ScalarAggregateOptions(skip_nulls=False)  # the newest row's NULLs too
         latest = rows.sort_by([(BATCH, "descending")]).group_by(
-            keys, use_threads=False).aggregate([(c, "first") for c in others])
+            keys, use_threads=False).aggregate([(c, "first", whole) for c in others])
         return latest.rename_columns([unsuffix(c, [(o, "first") for o in others])
                                       for c in latest.column_names]).select(
             rows.column_names).cast(rows.schema)

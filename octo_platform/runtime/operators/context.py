@@ -41,6 +41,7 @@ class StagedWrite:
     remove: tuple[str, ...] = ()
     prefix: str = "delta"
     bucketed: bool = False
+    replace_written: bool = False  # the commit removes the files of the buckets it writes
 
 
 @dataclass
@@ -51,6 +52,8 @@ class BatchContext:
     inputs: dict[str, DataFrame]
     state_files: StateReader
     state_log: Callable[[str], list[StateFile]] = lambda table: []  # a log's pinned files
+    state_path: Callable[[str], str] = lambda table: ""  # a state table's location
+    reader: Callable[[str, str], Any] | None = None  # ``Store.reader()``: files in tasks
     memo: dict[str, Any] = field(default_factory=dict)  # per-pipeline, survives batches
     all_buckets: bool = False  # a large batch touches every bucket: skip finding which
     writes: list[StagedWrite] = field(default_factory=list)

@@ -1,0 +1,174 @@
+"""GROUP BY on the Spark path: the kernel (``aggregate_kernel.AggregateStep``) in Spark tasks.
+
+The batch's rows are shuffled once, by the bucket of their group key, and each bucket's
+task reads that bucket's state log files (and nothing else), runs the step and returns, as
+one tagged frame: the old and new accumulators of the groups it touched, and per state table
+the log's new rows. Spark SQL then turns the accumulators into output rows (the operator's
+own expressions, as on the driver path) and the batch's write job writes the state rows.
+A bucket whose log is due for compaction (``state_log.compaction`` of its files) is
+rewritten by its own task: its live rows before the batch become ``base`` files, and the
+commit removes the bucket's older files (``Output.replace == "written"``). The cost of a
+batch follows the buckets it touches, not the state's size.
+
+Covered: GROUP BY with a key, without closing windows or ``state_ttl``, of types Arrow
+groups (``aggregate_step``); others run as ``aggregate.Aggregate``'s Spark operators.
+"""
+from __future__ import annotations
+
+import functools
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any, Callable
+
+import pyarrow as pa
+import pyarrow.compute as pc
+
+from octo_platform.columns import BUCKET, COUNT, WEIGHT
+from octo_platform.physical.plan import PAggregate
+from octo_platform.runtime.operators.aggregate import Aggregate
+from octo_platform.runtime.operators.aggregate_kernel import (
+    AggregateStep,
+    aggregate_step,
+    newest,
+)
+from octo_platform.runtime.operators.arrow import arrow_schema, concat, local_path
+from octo_platform.runtime.operators.context import BatchContext, StagedWrite, bucket_sql
+from octo_platform.runtime.state_log import StateFile, compaction
+from octo_platform.sqltext import quote
+
+if TYPE_CHECKING:
+    from pyspark.sql import DataFrame
+
+__all__ = ["run_aggregate"]
+
+_PART = "_part"  # 0: accumulators; 1 + 2j / 2 + 2j: state table j's delta / base rows
+
+
+def run_aggregate(node: PAggregate, ctx: BatchContext, delta: DataFrame) -> DataFrame:
+    """The output Δ of GROUP BY ``node``: by its kernel in Spark tasks where it covers the
+    node, else by the Spark operator."""
+    op = Aggregate(node, ctx)
+    if not node.keys or node.closes is not None or node.emit_on_close or node.ttl_us:
+        return op.run(delta)
+    shape = op.shape(delta)
+    step = aggregate_step(node, shape, ctx.batch)
+    if step is None:
+        return op.run(delta)
+    tables = [node.id, *[node.multiset_table(i) for i in step.ms]]
+    layout = [step.logged, *[step.ms_logged(i) for i in step.ms]]
+    acc = _accumulators(shape, len(node.keys))
+    schema = _out_schema(acc, [shape.state_schema, *shape.ms_schemas.values()])
+    args = list(dict.fromkeys([*node.keys, *[a.arg for a in node.aggs if a.arg]]))
+    logs = [_by_bucket(ctx.state_log(t)) for t in tables]
+    task = _BucketTask(step, tables=[(ctx.state_path(t), log) for t, log in zip(tables, logs)],
+                       due=[{b for b, files in log.items() if compaction(files) is not None}
+                            for log in logs],
+                       layout=layout, out=arrow_schema(schema), reader=ctx.reader)
+    out = ctx.persist(delta.selectExpr(
+        *[quote(c) for c in args], quote(WEIGHT),
+        f"{bucket_sql(node.keys, ctx.buckets)} AS {BUCKET}")
+        .groupBy(BUCKET).applyInArrow(functools.partial(_run, task), schema))
+    for j, t in enumerate(tables):
+        for part, prefix in ((1 + 2 * j, "delta"), (2 + 2 * j, "base")):
+            rows = out.filter(f"{_PART} = {part}").selectExpr(f"s{j}.*", BUCKET)
+            ctx.writes.append(StagedWrite(t, rows, None, prefix=prefix, bucketed=True,
+                                          replace_written=prefix == "base"))
+    # Persisted as plain columns: the output's SQL over struct fields made Spark's optimizer
+    # inline them into every expression (planning ran out of memory for ten aggregates).
+    return op.output(ctx.persist(out.filter(f"{_PART} = 0").selectExpr("acc.*")), shape)
+
+
+def _accumulators(shape: Any, keys: int) -> Any:
+    """The Spark schema of ``AggregateStep.accumulators``' table (``keys``: how many)."""
+    from pyspark.sql.types import BooleanType, LongType, StructField, StructType
+
+    fields = shape.state_schema.fields
+    out = [*fields[:keys], StructField(f"o{COUNT}", LongType()),
+           StructField(f"n{COUNT}", LongType())]
+    for f in fields[keys + 1:]:
+        out += [StructField(f"o{f.name}", f.dataType), StructField(f"n{f.name}", f.dataType)]
+    return StructType([*out, StructField("_touched", BooleanType())])
+
+
+def _out_schema(acc: Any, states: list[Any]) -> Any:
+    """The tasks' tagged output: the part, the bucket, and one struct per kind of row."""
+    from pyspark.sql.types import IntegerType, LongType, StructField, StructType
+
+    fields = [StructField(_PART, IntegerType()), StructField(BUCKET, IntegerType()),
+              StructField("acc", acc)]
+    fields += [StructField(f"s{j}", StructType([*s.fields, StructField("_batch", LongType())]))
+               for j, s in enumerate(states)]
+    return StructType(fields)
+
+
+def _by_bucket(files: list[StateFile]) -> dict[int, list[StateFile]]:
+    out: dict[int, list[StateFile]] = {}
+    for f in files:
+        out.setdefault(int(f["partition"][BUCKET]), []).append(f)
+    return out
+
+
+def _run(task, key, rows):  # no annotations: Spark would read them as the UDF's kind
+    return task.run(key, rows)
+
+
+@dataclass(frozen=True)
+class _BucketTask:
+    """The ``applyInArrow`` function (runs in Spark tasks): one bucket's rows of the batch
+    -> that bucket's tagged output (see the module docstring)."""
+
+    step: AggregateStep
+    tables: list[tuple[str, dict[int, list[StateFile]]]]  # (path, files by bucket) per table
+    due: list[set[int]]  # per table, the buckets whose log is due for compaction
+    layout: list[pa.Schema]  # each state table's logged rows
+    out: pa.Schema
+    reader: Callable[[str, str], Any]
+
+    def run(self, key: tuple, rows: pa.Table) -> pa.Table:
+        bucket = key[0].as_py()
+        step, keys = self.step, list(self.step.keys)
+        delta = rows.drop_columns([BUCKET])
+        befores, files = [], []
+        for j, ((path, by_bucket), logged) in enumerate(zip(self.tables, self.layout)):
+            mine = by_bucket.get(bucket, [])
+            names, alive = (keys, COUNT) if j == 0 else ([*keys, "v"], "cnt")
+            stored = self.read(path, mine, logged)
+            live = newest(names)(stored) if stored.num_rows else stored
+            befores.append(live.filter(pc.not_equal(live[alive], 0)))
+            files.append(mine)
+        done = step.run(delta, befores[0], {i: b for i, b in zip(step.ms, befores[1:])})
+        parts = [(0, "acc", done.table)]
+        states = [(done.changes, None), *done.ms.values()]
+        for j, ((changes, _), before, mine) in enumerate(zip(states, befores, files)):
+            if not mine:  # the bucket's first rows: its base
+                parts.append((2 + 2 * j, f"s{j}", changes))
+                continue
+            if bucket in self.due[j] and before.num_rows:
+                parts.append((2 + 2 * j, f"s{j}", before))  # replaces the bucket's files
+            parts.append((1 + 2 * j, f"s{j}", changes))
+        return concat([self.tagged(part, column, t, bucket) for part, column, t in parts],
+                      self.out)
+
+    def read(self, path: str, files: list[StateFile], schema: pa.Schema) -> pa.Table:
+        import pyarrow.parquet as pq
+
+        tables = []
+        for f in files:
+            local = local_path(f["uri"])
+            source = local if local is not None else self.reader(path, f["path"])
+            tables.append(pq.read_table(source).select(schema.names).cast(schema))
+        return concat(tables, schema)
+
+    def tagged(self, part: int, column: str, rows: pa.Table, bucket: int) -> pa.Table:
+        n = rows.num_rows
+        cols = {_PART: pa.array([part] * n, pa.int32()),
+                BUCKET: pa.array([bucket] * n, pa.int32())}
+        for f in self.out:
+            if f.name in cols:
+                continue
+            if f.name == column:
+                data = rows.select([c.name for c in f.type]).cast(pa.schema(list(f.type)))
+                cols[f.name] = pa.StructArray.from_arrays(
+                    [data[c.name].combine_chunks() for c in f.type], fields=list(f.type))
+            else:
+                cols[f.name] = pa.nulls(n, f.type)
+        return pa.table(cols, schema=self.out)
