@@ -15,6 +15,7 @@ from octo_platform.runtime.layout import Layout
 from octo_platform.runtime.metrics import metrics, observe
 from octo_platform.runtime.offsets import BatchLog, InputSpec, source_key
 from octo_platform.runtime.operators import BatchContext
+from octo_platform.runtime.operators.arrow import local_path
 from octo_platform.runtime.stats import BatchStats, iso_time, table_watermark
 from octo_platform.sqltext import quote
 
@@ -245,8 +246,8 @@ def _local_bytes(uris: list[str]) -> int:
     """Bytes of local files (a remote one counts as large: its batch touches every bucket)."""
     total = 0
     for uri in uris:
-        path = uri.removeprefix("file://")
-        total += os.path.getsize(path) if "://" not in path and os.path.exists(path) \
+        path = local_path(uri)
+        total += os.path.getsize(path) if path is not None and os.path.exists(path) \
             else ALL_BUCKETS_BYTES
     return total
 

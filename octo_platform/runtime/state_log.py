@@ -2,10 +2,12 @@
 
 An aggregate's (or a multiset's) state table holds, per batch, only the rows of the keys the
 batch changed (``delta-*`` files), each stamped with the batch (``_batch``); a key whose
-group emptied gets a tombstone (count 0). Reading the state for a batch takes the rows of
-the keys the batch touches (a semi-join with the batch's keys, which Spark broadcasts when
-the batch is small) and keeps each key's newest row: no shuffle of the whole state and no
-rewrite of untouched keys. A join side's state is a log of weighted rows (``_n``), read
+group emptied gets a tombstone (count 0); the table is partitioned by the bucket of the
+group key (``_bucket``). A GROUP BY's kernel (``operators/aggregate_tasks``) reads, per
+bucket the batch touches, that bucket's files and keeps each key's newest row; the Spark
+operators this module serves (windows that close, ``state_ttl``) take the rows of the keys the
+batch touches with a semi-join (which Spark broadcasts when the batch is small). Untouched
+keys are never rewritten. A join side's state is a log of weighted rows (``_n``), read
 without de-duplication (a join is linear in each side's weights).
 
 Compaction runs inside a batch's write job, amortized: when the delta files hold at least as
