@@ -30,7 +30,7 @@ if TYPE_CHECKING:
     from pyspark.sql.types import StructType
 
 __all__ = ["BATCH", "STATE_FORMAT", "MERGE_DELTAS", "StateFile", "read_log", "latest",
-           "compaction", "with_batch"]
+           "compaction", "generation", "with_batch"]
 
 STATE_FORMAT = 3  # version of the warehouse's state layout (1: bucket files rewritten whole;
 # 2: unpartitioned logs; 3: aggregate logs partitioned by the bucket of the group key)
@@ -63,7 +63,7 @@ def latest(spark: SparkSession, files: list[StateFile], schema: StructType, keys
     if wanted is not None:
         on = " AND ".join(f"s.{quote(c)} <=> w.{quote(c)}" for c in wanted.columns) or "true"
         rows = rows.alias("s").join(wanted.distinct().alias("w"), _expr(on), "left_semi")
-    if len({_generation(f) for f in files}) > 1:  # one write holds each key once
+    if len({generation(f) for f in files}) > 1:  # one write holds each key once
         part = f"PARTITION BY {', '.join(quote(k) for k in keys)} " if keys else ""
         rows = rows.selectExpr("*", f"row_number() OVER ({part}ORDER BY {BATCH} DESC) AS _rk") \
             .filter("_rk = 1")
@@ -109,7 +109,7 @@ def _is_base(f: StateFile) -> bool:
     return posixpath.basename(f["path"]).startswith("base-")
 
 
-def _generation(f: StateFile) -> str:
+def generation(f: StateFile) -> str:
     """The write a file belongs to: ``<prefix>-b<batch>-<write id>`` (see ``writes.py``)."""
     return "-".join(posixpath.basename(f["path"]).split("-")[:3])
 

@@ -30,7 +30,7 @@ class Stepped:
 
     table: pa.Table
     changes: pa.Table
-    after: pa.Table
+    after: pa.Table | None
     ms: dict[int, tuple[pa.Table, pa.Table]]
 
 
@@ -54,11 +54,12 @@ class AggregateStep:
     def ms_logged(self, i: int) -> pa.Schema:
         return self.ms[i].append(pa.field(BATCH, pa.int64()))
 
-    def run(self, delta: pa.Table, before: pa.Table, ms_before: dict[int, pa.Table]
-            ) -> Stepped:
+    def run(self, delta: pa.Table, before: pa.Table, ms_before: dict[int, pa.Table],
+            keep_after: bool = True) -> Stepped:
         """``delta``: the batch's rows (keys, aggregate arguments, ``_w``); ``before``: the
         live state rows (``logged``) of at least the groups it touches; ``ms_before``: the
-        same of each multiset."""
+        same of each multiset. ``keep_after=False``: the state's rows afterwards are not
+        wanted (``Stepped.after`` is None)."""
         keys = list(self.keys)
         d = self.delta_groups(delta)
         ms = {}
@@ -74,6 +75,8 @@ class AggregateStep:
         changes = changes.cast(self.logged)
         if not keys:
             return Stepped(table, changes, changes, ms)
+        if not keep_after:
+            return Stepped(table, changes, None, ms)
         kept = key_join(ok, dk.select(dcols), ocols, dcols, "left anti").select(
             [f"o.{c}" for c in before.column_names]).rename_columns(before.column_names)
         live = changes.filter(pc.not_equal(changes[COUNT], 0))

@@ -32,7 +32,7 @@ from octo_platform.runtime.operators.aggregate_kernel import (
 )
 from octo_platform.runtime.operators.arrow import arrow_schema, concat, local_path
 from octo_platform.runtime.operators.context import BatchContext, StagedWrite, bucket_sql
-from octo_platform.runtime.state_log import StateFile, compaction
+from octo_platform.runtime.state_log import StateFile, compaction, generation
 from octo_platform.sqltext import quote
 
 if TYPE_CHECKING:
@@ -132,10 +132,12 @@ class _BucketTask:
             mine = by_bucket.get(bucket, [])
             names, alive = (keys, COUNT) if j == 0 else ([*keys, "v"], "cnt")
             stored = self.read(path, mine, logged)
-            live = newest(names)(stored) if stored.num_rows else stored
+            # One write holds each key once: only several need the newest row per key.
+            live = newest(names)(stored) if len({generation(f) for f in mine}) > 1 else stored
             befores.append(live.filter(pc.not_equal(live[alive], 0)))
             files.append(mine)
-        done = step.run(delta, befores[0], {i: b for i, b in zip(step.ms, befores[1:])})
+        done = step.run(delta, befores[0], {i: b for i, b in zip(step.ms, befores[1:])},
+                        keep_after=False)
         parts = [(0, "acc", done.table)]
         states = [(done.changes, None), *done.ms.values()]
         for j, ((changes, _), before, mine) in enumerate(zip(states, befores, files)):
