@@ -5,8 +5,9 @@ State is found by key: each state table's rows live in a cache that lasts the wh
 (``LocalContext.cached``), loaded once from the versions the batch log pins and then
 updated from each batch's own state changes; an entry whose version is not the pinned one
 (a Spark-path batch ran in between, or a retry) is reloaded, never trusted. The kernels
-write the same state tables, in the same format, as the Spark operators (``aggregate``,
-``join``), so a run may switch paths between any two batches. Accumulator types and every
+write the same state tables, in the same format, as the Spark path (``aggregate_tasks``,
+``join``), so a run may switch paths between any two batches; GROUP BY's step itself
+(``aggregate_kernel``) is the one the Spark path runs in its tasks. Accumulator types and every
 SQL expression (output values, join keys, residual conditions) come from those operators
 and are evaluated by Spark over local relations (``arrow.spark_eval``).
 """
