@@ -136,7 +136,8 @@ def run_in_driver(pipe: TableRun, ctx: BatchContext, inputs: dict[str, Any], row
     events = with_bucket(pipe, lc, encode(pipe, delta, ctx.batch, ts_ms))
     lay = pipe.layout
     outputs = [LocalOutput(f"state/{w.table}", lay.state(pipe.name, w.table), w.rows,
-                           remove=w.remove, prefix=w.prefix, bucketed=w.bucketed) for w in lc.writes]
+                           remove=w.remove, prefix=w.prefix, bucketed=w.bucketed)
+               for w in lc.writes]
     outputs.append(LocalOutput("changelog", lay.changelog(pipe.name),
                                events.drop_columns([BUCKET])))
     outputs.append(current(pipe, events, pinned))

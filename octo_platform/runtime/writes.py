@@ -39,10 +39,10 @@ class Output:
 
     ``bucketed``: the table is partitioned by ``_bucket`` (a column of ``frame``);
     ``replace``: buckets whose files the commit removes (``"all"``: the whole table;
-    ``"written"``: those this output writes files into), None to append; ``remove``: files (relative paths) the commit removes too; ``prefix`` starts
-    the new files' names; ``report``: an INT column of ``frame`` that is not written, whose
-    distinct values ``write_outputs`` reports. Outputs with the same ``key`` go to one
-    commit."""
+    ``"written"``: those this output writes files into), None to append; ``remove``: files
+    (relative paths) the commit removes too; ``prefix`` starts the new files' names;
+    ``report``: an INT column of ``frame`` that is not written, whose distinct values
+    ``write_outputs`` reports. Outputs with the same ``key`` go to one commit."""
 
     key: str
     path: str

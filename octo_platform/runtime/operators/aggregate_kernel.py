@@ -15,7 +15,13 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from octo_platform.columns import COUNT, WEIGHT
-from octo_platform.runtime.operators.arrow import arrow_schema, concat, key_join, primitive, safe_keys
+from octo_platform.runtime.operators.arrow import (
+    arrow_schema,
+    concat,
+    key_join,
+    primitive,
+    safe_keys,
+)
 from octo_platform.runtime.state_log import BATCH
 
 __all__ = ["AggregateStep", "Stepped", "aggregate_step", "newest", "unsuffix",

@@ -30,7 +30,7 @@ from octo_platform.runtime.operators.aggregate_kernel import (
     aggregate_step,
     newest,
 )
-from octo_platform.runtime.operators.arrow import arrow_schema, concat, local_path
+from octo_platform.runtime.operators.arrow import arrow_schema, concat
 from octo_platform.runtime.operators.context import BatchContext, StagedWrite, bucket_sql
 from octo_platform.runtime.state_log import StateFile, compaction, generation
 from octo_platform.sqltext import quote
@@ -54,7 +54,6 @@ def run_aggregate(node: PAggregate, ctx: BatchContext, delta: DataFrame) -> Data
     if step is None:
         return op.run(delta)
     tables = [node.id, *[node.multiset_table(i) for i in step.ms]]
-    layout = [step.logged, *[step.ms_logged(i) for i in step.ms]]
     acc = _accumulators(shape, len(node.keys))
     schema = _out_schema(acc, [shape.state_schema, *shape.ms_schemas.values()])
     args = list(dict.fromkeys([*node.keys, *[a.arg for a in node.aggs if a.arg]]))
@@ -62,7 +61,7 @@ def run_aggregate(node: PAggregate, ctx: BatchContext, delta: DataFrame) -> Data
     task = _BucketTask(step, tables=[(ctx.state_path(t), log) for t, log in zip(tables, logs)],
                        due=[{b for b, files in log.items() if compaction(files) is not None}
                             for log in logs],
-                       layout=layout, out=arrow_schema(schema), reader=ctx.reader)
+                       out=arrow_schema(schema), reader=ctx.reader)
     out = ctx.persist(delta.selectExpr(
         *[quote(c) for c in args], quote(WEIGHT),
         f"{bucket_sql(node.keys, ctx.buckets)} AS {BUCKET}")
@@ -119,7 +118,6 @@ class _BucketTask:
     step: AggregateStep
     tables: list[tuple[str, dict[int, list[StateFile]]]]  # (path, files by bucket) per table
     due: list[set[int]]  # per table, the buckets whose log is due for compaction
-    layout: list[pa.Schema]  # each state table's logged rows
     out: pa.Schema
     reader: Callable[[str, str], Any]
 
@@ -127,8 +125,9 @@ class _BucketTask:
         bucket = key[0].as_py()
         step, keys = self.step, list(self.step.keys)
         delta = rows.drop_columns([BUCKET])
+        layout = [step.logged, *[step.ms_logged(i) for i in step.ms]]
         befores, files = [], []
-        for j, ((path, by_bucket), logged) in enumerate(zip(self.tables, self.layout)):
+        for j, ((path, by_bucket), logged) in enumerate(zip(self.tables, layout)):
             mine = by_bucket.get(bucket, [])
             names, alive = (keys, COUNT) if j == 0 else ([*keys, "v"], "cnt")
             stored = self.read(path, mine, logged)
@@ -139,8 +138,8 @@ class _BucketTask:
         done = step.run(delta, befores[0], {i: b for i, b in zip(step.ms, befores[1:])},
                         keep_after=False)
         parts = [(0, "acc", done.table)]
-        states = [(done.changes, None), *done.ms.values()]
-        for j, ((changes, _), before, mine) in enumerate(zip(states, befores, files)):
+        changed = [done.changes, *[c for c, _ in done.ms.values()]]
+        for j, (changes, before, mine) in enumerate(zip(changed, befores, files)):
             if not mine:  # the bucket's first rows: its base
                 parts.append((2 + 2 * j, f"s{j}", changes))
                 continue
@@ -153,12 +152,8 @@ class _BucketTask:
     def read(self, path: str, files: list[StateFile], schema: pa.Schema) -> pa.Table:
         import pyarrow.parquet as pq
 
-        tables = []
-        for f in files:
-            local = local_path(f["uri"])
-            source = local if local is not None else self.reader(path, f["path"])
-            tables.append(pq.read_table(source).select(schema.names).cast(schema))
-        return concat(tables, schema)
+        return concat([pq.read_table(self.reader(path, f["path"])).select(schema.names)
+                       .cast(schema) for f in files], schema)
 
     def tagged(self, part: int, column: str, rows: pa.Table, bucket: int) -> pa.Table:
         n = rows.num_rows

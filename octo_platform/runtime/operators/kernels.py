@@ -7,8 +7,8 @@ updated from each batch's own state changes; an entry whose version is not the p
 (a Spark-path batch ran in between, or a retry) is reloaded, never trusted. The kernels
 write the same state tables, in the same format, as the Spark path (``aggregate_tasks``,
 ``join``), so a run may switch paths between any two batches; GROUP BY's step itself
-(``aggregate_kernel``) is the one the Spark path runs in its tasks. Accumulator types and every
-SQL expression (output values, join keys, residual conditions) come from those operators
+(``aggregate_kernel``) is the one the Spark path runs in its tasks. Accumulator types and
+every SQL expression (output values, join keys, residual conditions) come from those operators
 and are evaluated by Spark over local relations (``arrow.spark_eval``).
 """
 from __future__ import annotations
@@ -219,7 +219,6 @@ class AggregateKernel:
                      keys)
         return self.output(done.table, shape)
 
-
     @staticmethod
     def out_schema(shape) -> pa.Schema:
         return arrow_schema(shape.out_schema).append(pa.field(WEIGHT, pa.int64()))
@@ -304,7 +303,6 @@ def _same(a: pa.ChunkedArray, b: pa.ChunkedArray) -> pa.ChunkedArray:
         equal = pc.or_(equal, pc.and_(pc.is_nan(a), pc.is_nan(b)))
     both_null = pc.and_(pc.is_null(a), pc.is_null(b))
     return pc.or_(pc.fill_null(equal, False), both_null)
-
 
 
 class JoinKernel:
