@@ -75,14 +75,16 @@ def test_a_keyed_logs_merge_keeps_each_keys_newest_row_whole():
                                   {"g": 1, "m": 5, "_batch": 4}]
 
 
-def test_aggregate_state_is_partitioned_by_the_bucket_of_its_group_key(spark, tmp_path):
-    """Each GROUP BY log file holds one bucket of groups (so a task reads its bucket only),
-    and the bucket is Spark's ``pmod(hash(key), buckets)`` on both paths."""
+def test_state_is_partitioned_by_the_bucket_of_its_key(spark, tmp_path):
+    """Each GROUP BY log file holds one bucket of groups, each join side's log one bucket of
+    join keys (so a task reads its bucket only), and the bucket is Spark's
+    ``pmod(hash(key), buckets)`` on both paths."""
     (tmp_path / "sql").mkdir()
     (tmp_path / "sql" / "t.sql").write_text(
         "CREATE SOURCE s (k BIGINT, v BIGINT) WITH (connector = 'files', path = 'data', "
         "format = 'json');"
-        "CREATE STREAMING TABLE c AS SELECT k, COUNT(*) AS n, MAX(v) AS top FROM s GROUP BY k;")
+        "CREATE STREAMING TABLE c AS SELECT k, COUNT(*) AS n, MAX(v) AS top FROM s GROUP BY k;"
+        "CREATE STREAMING TABLE j AS SELECT a.k, b.v FROM s a JOIN s b ON a.k = b.v + 1;")
     for run, path in enumerate(("driver", "spark")):
         write_lines(tmp_path / "data", f"{run}.json",
                     [f'{{"k": {k}, "v": {k * run}}}' for k in range(40)])
@@ -93,6 +95,12 @@ def test_aggregate_state_is_partitioned_by_the_bucket_of_its_group_key(spark, tm
     rows = spark.read.format("parquet").load(str(operator)).selectExpr(
         "_bucket", "pmod(hash(_g0), 4) AS want").collect()
     assert len(rows) >= 80 and all(r[0] == r[1] for r in rows)
+    sides = sorted((tmp_path / "warehouse" / "_octo" / "j" / "state").iterdir())
+    assert [p.name.split("_")[-1] for p in sides] == ["left", "right"]
+    for side, key in zip(sides, ("c0", "c0 + 1")):  # k0: the join key (a.k; b.v + 1)
+        rows = spark.read.format("parquet").load(str(side)).selectExpr(
+            "_bucket", "pmod(hash(k0), 4) AS want", f"k0 = {key}").collect()
+        assert len(rows) > 40 and all(r[0] == r[1] and r[2] for r in rows), side
 
 
 def test_state_of_another_layout_is_refused(spark, tmp_path):

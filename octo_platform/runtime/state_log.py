@@ -7,8 +7,9 @@ group key (``_bucket``). A GROUP BY's kernel (``operators/aggregate_tasks``) rea
 bucket the batch touches, that bucket's files and keeps each key's newest row; the Spark
 operators this module serves (windows that close, ``state_ttl``) take the rows of the keys the
 batch touches with a semi-join (which Spark broadcasts when the batch is small). Untouched
-keys are never rewritten. A join side's state is a log of weighted rows (``_n``), read
-without de-duplication (a join is linear in each side's weights).
+keys are never rewritten. A join side's state is a log of weighted rows (``_n``) with their
+join key, partitioned by the key's bucket, read without de-duplication (a join is linear in
+each side's weights).
 
 Compaction runs inside a batch's write job, amortized: when the delta files hold at least as
 many rows as the ``base-*`` files, everything is merged into new base files (tombstones and
@@ -32,8 +33,9 @@ if TYPE_CHECKING:
 __all__ = ["BATCH", "STATE_FORMAT", "MERGE_DELTAS", "StateFile", "read_log", "latest",
            "compaction", "generation", "with_batch"]
 
-STATE_FORMAT = 3  # version of the warehouse's state layout (1: bucket files rewritten whole;
-# 2: unpartitioned logs; 3: aggregate logs partitioned by the bucket of the group key)
+STATE_FORMAT = 4  # version of the warehouse's state layout (1: bucket files rewritten whole;
+# 2: unpartitioned logs; 3: aggregate logs partitioned by the bucket of the group key;
+# 4: join sides' logs keep their join key and are partitioned by its bucket)
 BATCH = "_batch"  # the batch that wrote a keyed state row
 MERGE_DELTAS = 16  # delta files of a state table before they are merged into one
 StateFile = dict[str, Any]  # {"uri", "path", "rows", "size"} (``Store.data_files``)

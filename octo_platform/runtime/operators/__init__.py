@@ -40,7 +40,7 @@ from octo_platform.runtime.operators.context import (
     consolidate,
     touched_buckets,
 )
-from octo_platform.runtime.operators.join import Join
+from octo_platform.runtime.operators.join_tasks import run_join
 from octo_platform.runtime.operators.over import OverRange
 from octo_platform.runtime.operators.session import Sessions
 from octo_platform.runtime.operators.top_n import TopN
@@ -64,7 +64,7 @@ def evaluate(node: PNode, ctx: BatchContext) -> DataFrame:
     if isinstance(node, PAggregate):
         return run_aggregate(node, ctx, evaluate(node.input, ctx))
     if isinstance(node, PJoin):
-        return Join(node, ctx).run(evaluate(node.left, ctx), evaluate(node.right, ctx))
+        return run_join(node, ctx, evaluate(node.left, ctx), evaluate(node.right, ctx))
     if isinstance(node, PTopN):
         return TopN(node, ctx).run(evaluate(node.input, ctx))
     if isinstance(node, PSession):

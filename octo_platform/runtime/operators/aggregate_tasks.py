@@ -30,17 +30,24 @@ from octo_platform.runtime.operators.aggregate_kernel import (
     aggregate_step,
     newest,
 )
-from octo_platform.runtime.operators.arrow import arrow_schema, concat
-from octo_platform.runtime.operators.context import BatchContext, StagedWrite, bucket_sql
-from octo_platform.runtime.state_log import StateFile, compaction, generation
+from octo_platform.runtime.operators.arrow import arrow_schema
+from octo_platform.runtime.operators.context import BatchContext, bucket_sql
+from octo_platform.runtime.operators.tasks import (
+    by_bucket,
+    due_buckets,
+    log_parts,
+    read_bucket,
+    stage_logs,
+    tagged,
+    tagged_schema,
+)
+from octo_platform.runtime.state_log import StateFile, generation, with_batch
 from octo_platform.sqltext import quote
 
 if TYPE_CHECKING:
     from pyspark.sql import DataFrame
 
 __all__ = ["run_aggregate"]
-
-_PART = "_part"  # 0: accumulators; 1 + 2j / 2 + 2j: state table j's delta / base rows
 
 
 def run_aggregate(node: PAggregate, ctx: BatchContext, delta: DataFrame) -> DataFrame:
@@ -54,26 +61,20 @@ def run_aggregate(node: PAggregate, ctx: BatchContext, delta: DataFrame) -> Data
     if step is None:
         return op.run(delta)
     tables = [node.id, *[node.multiset_table(i) for i in step.ms]]
-    acc = _accumulators(shape, len(node.keys))
-    schema = _out_schema(acc, [shape.state_schema, *shape.ms_schemas.values()])
+    schema = tagged_schema(_accumulators(shape, len(node.keys)), [
+        with_batch(s) for s in [shape.state_schema, *shape.ms_schemas.values()]])
     args = list(dict.fromkeys([*node.keys, *[a.arg for a in node.aggs if a.arg]]))
-    logs = [_by_bucket(ctx.state_log(t)) for t in tables]
+    logs = [by_bucket(ctx.state_log(t)) for t in tables]
     task = _BucketTask(step, tables=[(ctx.state_path(t), log) for t, log in zip(tables, logs)],
-                       due=[{b for b, files in log.items() if compaction(files) is not None}
-                            for log in logs],
-                       out=arrow_schema(schema), reader=ctx.reader)
+                       due=[due_buckets(log) for log in logs], out=arrow_schema(schema),
+                       reader=ctx.reader)
     out = ctx.persist(delta.selectExpr(
         *[quote(c) for c in args], quote(WEIGHT),
         f"{bucket_sql(node.keys, ctx.buckets)} AS {BUCKET}")
         .groupBy(BUCKET).applyInArrow(functools.partial(_run, task), schema))
-    for j, t in enumerate(tables):
-        for part, prefix in ((1 + 2 * j, "delta"), (2 + 2 * j, "base")):
-            rows = out.filter(f"{_PART} = {part}").selectExpr(f"s{j}.*", BUCKET)
-            ctx.writes.append(StagedWrite(t, rows, None, prefix=prefix, bucketed=True,
-                                          replace_written=prefix == "base"))
     # Persisted as plain columns: the output's SQL over struct fields made Spark's optimizer
     # inline them into every expression (planning ran out of memory for ten aggregates).
-    return op.output(ctx.persist(out.filter(f"{_PART} = 0").selectExpr("acc.*")), shape)
+    return op.output(ctx.persist(stage_logs(ctx, out, tables)), shape)
 
 
 def _accumulators(shape: Any, keys: int) -> Any:
@@ -86,24 +87,6 @@ def _accumulators(shape: Any, keys: int) -> Any:
     for f in fields[keys + 1:]:
         out += [StructField(f"o{f.name}", f.dataType), StructField(f"n{f.name}", f.dataType)]
     return StructType([*out, StructField("_touched", BooleanType())])
-
-
-def _out_schema(acc: Any, states: list[Any]) -> Any:
-    """The tasks' tagged output: the part, the bucket, and one struct per kind of row."""
-    from pyspark.sql.types import IntegerType, LongType, StructField, StructType
-
-    fields = [StructField(_PART, IntegerType()), StructField(BUCKET, IntegerType()),
-              StructField("acc", acc)]
-    fields += [StructField(f"s{j}", StructType([*s.fields, StructField("_batch", LongType())]))
-               for j, s in enumerate(states)]
-    return StructType(fields)
-
-
-def _by_bucket(files: list[StateFile]) -> dict[int, list[StateFile]]:
-    out: dict[int, list[StateFile]] = {}
-    for f in files:
-        out.setdefault(int(f["partition"][BUCKET]), []).append(f)
-    return out
 
 
 def _run(task, key, rows):  # no annotations: Spark would read them as the UDF's kind
@@ -127,45 +110,18 @@ class _BucketTask:
         delta = rows.drop_columns([BUCKET])
         layout = [step.logged, *[step.ms_logged(i) for i in step.ms]]
         befores, files = [], []
-        for j, ((path, by_bucket), logged) in enumerate(zip(self.tables, layout)):
-            mine = by_bucket.get(bucket, [])
+        for j, ((path, log), logged) in enumerate(zip(self.tables, layout)):
+            mine = log.get(bucket, [])
             names, alive = (keys, COUNT) if j == 0 else ([*keys, "v"], "cnt")
-            stored = self.read(path, mine, logged)
+            stored = read_bucket(self.reader, path, mine, logged)
             # One write holds each key once: only several need the newest row per key.
             live = newest(names)(stored) if len({generation(f) for f in mine}) > 1 else stored
             befores.append(live.filter(pc.not_equal(live[alive], 0)))
             files.append(mine)
         done = step.run(delta, befores[0], {i: b for i, b in zip(step.ms, befores[1:])},
                         keep_after=False)
-        parts = [(0, "acc", done.table)]
+        parts = [(0, "o", done.table)]
         changed = [done.changes, *[c for c, _ in done.ms.values()]]
         for j, (changes, before, mine) in enumerate(zip(changed, befores, files)):
-            if not mine:  # the bucket's first rows: its base
-                parts.append((2 + 2 * j, f"s{j}", changes))
-                continue
-            if bucket in self.due[j] and before.num_rows:
-                parts.append((2 + 2 * j, f"s{j}", before))  # replaces the bucket's files
-            parts.append((1 + 2 * j, f"s{j}", changes))
-        return concat([self.tagged(part, column, t, bucket) for part, column, t in parts],
-                      self.out)
-
-    def read(self, path: str, files: list[StateFile], schema: pa.Schema) -> pa.Table:
-        import pyarrow.parquet as pq
-
-        return concat([pq.read_table(self.reader(path, f["path"])).select(schema.names)
-                       .cast(schema) for f in files], schema)
-
-    def tagged(self, part: int, column: str, rows: pa.Table, bucket: int) -> pa.Table:
-        n = rows.num_rows
-        cols = {_PART: pa.array([part] * n, pa.int32()),
-                BUCKET: pa.array([bucket] * n, pa.int32())}
-        for f in self.out:
-            if f.name in cols:
-                continue
-            if f.name == column:
-                data = rows.select([c.name for c in f.type]).cast(pa.schema(list(f.type)))
-                cols[f.name] = pa.StructArray.from_arrays(
-                    [data[c.name].combine_chunks() for c in f.type], fields=list(f.type))
-            else:
-                cols[f.name] = pa.nulls(n, f.type)
-        return pa.table(cols, schema=self.out)
+            parts += log_parts(j, changes, mine, bucket in self.due[j], lambda b=before: b)
+        return tagged(self.out, parts, bucket)

@@ -6,13 +6,8 @@ from typing import TYPE_CHECKING, Any
 
 from octo_platform.columns import COUNT
 from octo_platform.physical.plan import PJoin
-from octo_platform.runtime.operators.context import (
-    BatchContext,
-    W,
-    consolidate,
-    positional,
-    side_schema,
-)
+from octo_platform.runtime.operators.context import BatchContext, W, consolidate, positional
+from octo_platform.runtime.operators.join_kernel import JoinStep
 from octo_platform.runtime.state_log import BATCH, merge_weighted, read_log, with_batch
 from octo_platform.sqltext import quote, sql_expr
 
@@ -48,6 +43,11 @@ class Join:
         self.names = {"l": list(node.names[:nl]), "r": list(node.names[nl:])}
         self.keys = {"l": list(node.left_keys), "r": list(node.right_keys)}
 
+    def step(self) -> JoinStep:
+        """The join's kernel (``join_kernel``): its columns, keys and kind."""
+        return JoinStep(self.node.kind, {s: tuple(self.names[s]) for s in "lr"},
+                        {s: tuple(self.kcols(s)) for s in "lr"}, bool(self.node.residual))
+
     def kcols(self, s: str) -> list[str]:
         return [f"_{s}k{i}" for i in range(len(self.keys[s]))]
 
@@ -80,7 +80,7 @@ class Join:
         schemas = {s: frames[s].schema for s in "lr"}
         delta = {s: ctx.persist(self.with_keys(consolidate(
             frames[s], [quote(n) for n in self.names[s]], f"_{s}w"), s, types)) for s in "lr"}
-        old = {s: self.side_state(s, schemas[s], delta[s], types) for s in "lr"}
+        old = {s: self.side_state(s, delta[s]) for s in "lr"}
         parts = []
         if node.kind in ("inner", "left", "right", "full"):  # ΔL⋈R_old + L_new⋈ΔR
             new_l = old["l"].unionByName(delta["l"])
@@ -92,15 +92,36 @@ class Join:
             parts += [self.unmatched(s, rows, counts, schemas) for s in sides]
         return reduce(lambda a, b: a.union(b), parts)
 
-    def side_state(self, s: str, schema: Any, delta: DataFrame, types: list[str]) -> DataFrame:
-        """Side ``s``'s rows as the batch began, with their keys; stages the batch's Δ for
-        the side's log (and its compaction). With ``state_ttl`` each stored row carries the
-        batch that wrote it, and rows of expired batches are neither read nor kept."""
-        ctx, names = self.ctx, self.names[s]
+    def row(self, s: str) -> list[str]:
+        """A side's rows as operators see them: its columns, weight and join keys."""
+        return [*self.names[s], f"_{s}w", *self.kcols(s)]
+
+    def stored_names(self, s: str) -> list[str]:
+        """A side's stored row (``row``'s order): positional columns, ``_n``, the keys."""
+        return [*positional(self.names[s]), COUNT, *self.stored_keys(s)]
+
+    def stored_keys(self, s: str) -> list[str]:
+        """The stored join key columns: the log is partitioned by their bucket."""
+        return [f"k{i}" for i in range(len(self.keys[s]))]
+
+    def stored_schema(self, s: str, keyed: Any) -> Any:
+        """The stored schema of a side whose rows (``row``) have the Spark schema ``keyed``."""
+        from pyspark.sql.types import StructField, StructType
+
+        return StructType([StructField(n, f.dataType)
+                           for n, f in zip(self.stored_names(s), keyed.fields)])
+
+    def side_state(self, s: str, delta: DataFrame) -> DataFrame:
+        """Side ``s``'s rows as the batch began (``row``); stages the batch's Δ (``delta``,
+        consolidated, with keys) for the side's log (and its compaction). The whole log is
+        read: this operator serves ``state_ttl`` and outer joins with a residual condition
+        (``join_tasks`` the others). With ``state_ttl`` each stored row carries the batch
+        that wrote it, and rows of expired batches are neither read nor kept."""
+        ctx = self.ctx
         table = self.node.side_table(self.SIDES[s])
-        stored_schema = side_schema(schema, names)
-        store = [f"{quote(n)} AS {c}" for n, c in zip(names, positional(names))]
-        store.append(f"_{s}w AS {COUNT}")
+        stored_schema = self.stored_schema(s, delta.schema)
+        store = [f"{quote(n) if i < len(self.names[s]) else n} AS {c}" for i, (n, c) in
+                 enumerate(zip(self.row(s), self.stored_names(s)))]
         cut = ctx.expired_through if self.node.ttl_us else None
         if self.node.ttl_us:
             stored_schema = with_batch(stored_schema)
@@ -108,15 +129,14 @@ class Join:
         stored = read_log(ctx.spark, ctx.state_log(table), stored_schema)
         if cut is not None:
             stored = stored.filter(f"{BATCH} > {cut}")
-        ctx.append_log(table, delta.selectExpr(*store))
+        ctx.append_log(table, delta.selectExpr(*store), self.stored_keys(s))
 
         def merge(files: list, full: bool) -> DataFrame:
             rows = merge_weighted(ctx.spark, files, stored_schema, COUNT)  # per batch
             return rows.filter(f"{BATCH} > {cut}") if full and cut is not None else rows
 
-        ctx.compact(table, merge)
-        return self.with_keys(stored.selectExpr(*positional(names), COUNT)
-                              .toDF(*names, f"_{s}w"), s, types)
+        ctx.compact(table, merge, self.stored_keys(s))
+        return stored.selectExpr(*self.stored_names(s)).toDF(*self.row(s))
 
     def affected_rows(self, old: dict[str, DataFrame], delta: dict[str, DataFrame]
                       ) -> dict[str, DataFrame]:

@@ -13,6 +13,7 @@ and are evaluated by Spark over local relations (``arrow.spark_eval``).
 """
 from __future__ import annotations
 
+import functools
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Callable
 
@@ -23,22 +24,11 @@ from octo_platform.columns import BUCKET, COUNT, WEIGHT
 from octo_platform.local_frames import arrow_type, local_frame
 from octo_platform.physical.plan import PAggregate, PJoin
 from octo_platform.runtime.operators.aggregate import Aggregate
-from octo_platform.runtime.operators.arrow import (
-    arrow_schema,
-    concat,
-    key_join,
-    local_path,
-    safe_keys,
-    spark_eval,
-)
-from octo_platform.runtime.operators.aggregate_kernel import aggregate_step, newest, unsuffix
-from octo_platform.runtime.operators.context import (
-    BatchContext,
-    bucket_sql,
-    positional,
-    side_schema,
-)
+from octo_platform.runtime.operators.arrow import arrow_schema, concat, local_path, spark_eval
+from octo_platform.runtime.operators.aggregate_kernel import aggregate_step, newest
+from octo_platform.runtime.operators.context import BatchContext, bucket_sql
 from octo_platform.runtime.operators.join import Join
+from octo_platform.runtime.operators.join_kernel import summed
 from octo_platform.runtime.operators.spark_hash import hashable, spark_hash, spark_pmod
 from octo_platform.runtime.state_log import compaction, latest, read_log
 from octo_platform.sqltext import unquote
@@ -306,45 +296,33 @@ def _same(a: pa.ChunkedArray, b: pa.ChunkedArray) -> pa.ChunkedArray:
 
 
 class JoinKernel:
-    """Delta-rule joins (``join.Join``'s state and formulas): the matched part is
-    Δ(L⋈R) = ΔL⋈R_old + L_new⋈ΔR; outer, semi and anti joins also compare, for the keys the
-    batch touched, each row's matches before and after the batch."""
+    """Delta-rule joins: ``join_kernel.JoinStep`` over the run's cache of each side's state
+    (``join.Join``'s layout); the residual condition, join keys and casts are Spark SQL
+    over local relations."""
 
     def __init__(self, node: PJoin, lc: LocalContext) -> None:
         self.node, self.lc = node, lc
         self.op = Join(node, lc.ctx)
+        self.step = self.op.step()
 
     def run(self, ldelta: pa.Table, rdelta: pa.Table) -> pa.Table:
-        op, lc = self.op, self.lc
+        op, lc, node = self.op, self.lc, self.node
         frames = {"l": ldelta.rename_columns([*op.names["l"], "_lw"]),
                   "r": rdelta.rename_columns([*op.names["r"], "_rw"])}
-        fields = {"l": [f.with_name(n) for f, n in zip(ldelta.schema, op.names["l"])],
-                  "r": [f.with_name(n) for f, n in zip(rdelta.schema, op.names["r"])]}
-        kind = self.node.kind
-        weight = pa.field(WEIGHT, pa.int64())
-        schema = pa.schema([*fields["l"], *fields["r"], weight])
-        out = pa.schema([*fields["l"], weight]) if kind in ("semi", "anti") else schema
         if not ldelta.num_rows and not rdelta.num_rows:
-            return out.empty_table()
-        types = lc.once(f"keys:{self.node.id}", lambda: op.key_types(
+            return self.step.out_schema(frames).empty_table()
+        types = lc.once(f"keys:{node.id}", lambda: op.key_types(
             lc.frame(frames["l"]), lc.frame(frames["r"])))
-        delta, old = {}, {}
+        keyed = {s: self.keyed(s, frames[s], types) for s in "lr"}
+        old = {s: self.before(s, keyed[s]) for s in "lr"}
+
+        def on(what: str, rows: pa.Table) -> pa.Table:
+            return lc.sql(f"{node.id}:{what}", rows, lambda df: df.filter(node.residual))
+
+        out, delta = self.step.run(keyed, old, on)
         for s in "lr":
-            names = op.names[s]
-            grouped = frames[s].group_by(names, use_threads=False).aggregate(
-                [(f"_{s}w", "sum")]).rename_columns([*names, f"_{s}w"])
-            grouped = grouped.filter(pc.not_equal(grouped[f"_{s}w"], 0))
-            delta[s] = self.keyed(s, grouped, types)
-            old[s] = self.side(s, frames[s], delta[s], types)
-        parts = []
-        if kind in ("inner", "left", "right", "full"):
-            parts.append(self.matched(old, delta, schema))
-        if kind != "inner":
-            rows = self.affected(old, delta)
-            counts = self.key_counts(rows)
-            sides = {"left": "l", "semi": "l", "anti": "l", "right": "r"}.get(kind, "lr")
-            parts += [self.unmatched(s, rows, counts, fields, out) for s in sides]
-        return concat(parts, out)
+            self.stage(s, old[s], delta[s])
+        return out
 
     def keyed(self, s: str, rows: pa.Table, types: list[str]) -> pa.Table:
         """``rows`` of side ``s`` with its join key columns (``Join.with_keys``): in Arrow
@@ -360,148 +338,27 @@ class JoinKernel:
         return self.lc.sql(f"{self.node.id}:{s}", rows,
                            lambda df: op.with_keys(df, s, types))
 
-    def matched(self, old: dict[str, pa.Table], delta: dict[str, pa.Table],
-                schema: pa.Schema) -> pa.Table:
-        """ΔL⋈R_old + L_new⋈ΔR, the residual condition applied."""
+    def stored(self, s: str, keyed: pa.Table) -> Any:
+        """Side ``s``'s stored Spark schema (``Join.stored_schema``)."""
+        lc = self.lc
+        return lc.once(f"side:{self.node.id}:{s}:{keyed.schema}",
+                       lambda: self.op.stored_schema(s, lc.frame(keyed).schema))
+
+    def before(self, s: str, keyed: pa.Table) -> pa.Table:
+        """Side ``s``'s rows (``Join.row``) before the batch, from the run's cache."""
+        table = self.node.side_table(self.op.SIDES[s])
+        stored = self.stored(s, keyed)
+        return self.lc.cached(table, lambda: read_log(
+            self.lc.spark, self.lc.ctx.state_log(table), stored).toDF(*self.op.row(s)))
+
+    def stage(self, s: str, before: pa.Table, delta: pa.Table) -> None:
+        """Stage the batch's rows of side ``s`` (``delta``, consolidated) for its log, and
+        keep the side's rows after the batch for the cache."""
         op, lc = self.op, self.lc
-        lk, rk = op.kcols("l"), op.kcols("r")
-        parts = [key_join(old["r"], delta["l"], rk, lk, "inner"),
-                 key_join(concat([old["l"], delta["l"]], delta["l"].schema), delta["r"],
-                          lk, rk, "inner")]
-        names = [*op.names["l"], *op.names["r"]]
-        rows = concat([p.select(names).append_column(WEIGHT, pc.multiply(p["_lw"], p["_rw"]))
-                       for p in parts], schema)
-        if self.node.residual:
-            rows = lc.sql(f"{self.node.id}:on", rows, lambda df: df.filter(self.node.residual))
-        return rows
-
-    def affected(self, old: dict[str, pa.Table], delta: dict[str, pa.Table]
-                 ) -> dict[str, pa.Table]:
-        """Per side, the distinct rows whose join key the batch touched (on either side),
-        with their old and new multiplicity (``_<s>o``, ``_<s>n``) and whether the batch
-        changed them (``_<s>d``)."""
-        op = self.op
-        ak = [f"_ak{i}" for i in range(len(op.kcols("l")))]
-        touched = concat([delta[s].select(op.kcols(s)).rename_columns(ak) for s in "lr"],
-                         delta["l"].select(op.kcols("l")).rename_columns(ak).schema)
-        touched, tcols = safe_keys(touched, ak, "_t")
-        touched = touched.select(tcols).group_by(tcols, use_threads=False).aggregate([])
-        rows = {}
-        for s in "lr":
-            kc, w = op.kcols(s), f"_{s}w"
-            mine, mcols = safe_keys(old[s], kc, "_m")
-            mine = key_join(mine, touched, mcols, tcols, "left semi").select(
-                old[s].column_names)
-            n_old, n_new = mine.num_rows, delta[s].num_rows
-            both = concat([
-                mine.append_column(f"_{s}o", mine[w]).append_column(
-                    f"_{s}d", pa.array([0] * n_old, pa.int8())),
-                delta[s].append_column(f"_{s}o", pa.array([0] * n_new, pa.int64()))
-                .append_column(f"_{s}d", pa.array([1] * n_new, pa.int8()))],
-                delta[s].schema.append(pa.field(f"_{s}o", pa.int64())).append(
-                    pa.field(f"_{s}d", pa.int8())))
-            cols = op.names[s] + kc
-            aggs = [(f"_{s}o", "sum"), (w, "sum"), (f"_{s}d", "max")]
-            rows[s] = both.group_by(cols, use_threads=False).aggregate(aggs).rename_columns(
-                [*cols, f"_{s}o", f"_{s}n", f"_{s}d"])
-        return rows
-
-    def key_counts(self, rows: dict[str, pa.Table]) -> pa.Table:
-        """Per join key the batch touched: each side's old and new row count (zero for a
-        key with a NULL part: it matches nothing), keys as ``_ck<i>``."""
-        op = self.op
-        ck = [f"_ck{i}" for i in range(len(op.kcols("l")))]
-        per = {}
-        for s in "lr":
-            kc = op.kcols(s)
-            g = rows[s].group_by(kc, use_threads=False).aggregate(
-                [(f"_{s}o", "sum"), (f"_{s}n", "sum"), (f"_{s}d", "max")])
-            g = g.rename_columns([unsuffix(c, [(f"_{s}o", "sum"), (f"_{s}n", "sum"),
-                                                (f"_{s}d", "max")]) for c in g.column_names])
-            null = pa.array([False] * g.num_rows, pa.bool_())
-            for c in kc:
-                null = pc.or_(null, pc.is_null(g[c]))
-            zero = pa.scalar(0, pa.int64())
-            g = pa.table({**{f"{s}.{c}": g[k] for c, k in zip(ck, kc)},
-                          f"_{s}co": pc.if_else(null, zero, g[f"_{s}o"]),
-                          f"_{s}cn": pc.if_else(null, zero, g[f"_{s}n"]),
-                          f"_{s}t": g[f"_{s}d"]})
-            per[s] = safe_keys(g, [f"{s}.{c}" for c in ck], f"_x{s}")
-        both = key_join(per["l"][0], per["r"][0], per["l"][1], per["r"][1], "full outer")
-        zero = pa.scalar(0, pa.int64())
-        out = {c: pc.coalesce(both[f"l.{c}"], both[f"r.{c}"]) for c in ck}
-        for s in "lr":
-            for c in ("co", "cn"):
-                out[f"_{s}{c}"] = pc.fill_null(both[f"_{s}{c}"], zero)
-        t = pc.or_(pc.fill_null(pc.equal(both["_lt"], 1), False),
-                   pc.fill_null(pc.equal(both["_rt"], 1), False))
-        return pa.table(out).filter(t)
-
-    def unmatched(self, s: str, rows: dict[str, pa.Table], counts: pa.Table,
-                  fields: dict[str, list[pa.Field]], out: pa.Schema) -> pa.Table:
-        """Changes to side ``s``'s rows that appear without a match (null-padded, anti) or
-        only with one (semi), for the keys the batch touched."""
-        op, lc, node = self.op, self.lc, self.node
-        o = "r" if s == "l" else "l"
-        kc = op.kcols(s)
-        ck = [f"_ck{i}" for i in range(len(kc))]
-        mine, mcols = safe_keys(rows[s], kc, "_m")
-        keys, kcols = safe_keys(counts, ck, "_q")
-        if node.residual is None:  # matches depend on the key only
-            mine = key_join(mine, keys, mcols, kcols, "inner")
-            m_old, m_new = mine[f"_{o}co"], mine[f"_{o}cn"]
-        else:  # count matching rows of the other side, per row
-            mine = key_join(mine, keys.select(kcols), mcols, kcols, "left semi").select(
-                rows[s].column_names)
-            mine = mine.append_column("_id", pa.array(range(mine.num_rows), pa.int64()))
-            pairs = key_join(mine, rows[o], kc, op.kcols(o), "inner")
-            pairs = pairs.select([*op.names["l"], *op.names["r"], "_id", f"_{o}o", f"_{o}n"])
-            pairs = lc.sql(f"{node.id}:on{s}", pairs, lambda df: df.filter(node.residual))
-            per = pairs.group_by(["_id"], use_threads=False).aggregate(
-                [(f"_{o}o", "sum"), (f"_{o}n", "sum")]).rename_columns(["_id", "_mo", "_mn"])
-            mine = key_join(mine, per, ["_id"], ["_id"], "left outer")
-            m_old, m_new = pc.fill_null(mine["_mo"], 0), pc.fill_null(mine["_mn"], 0)
-
-        def test(m):
-            return pc.greater(m, 0) if node.kind == "semi" else pc.equal(m, 0)
-
-        zero = pa.scalar(0, pa.int64())
-        weight = pc.subtract(pc.if_else(test(m_new), mine[f"_{s}n"], zero),
-                             pc.if_else(test(m_old), mine[f"_{s}o"], zero))
-        values = {f.name: mine[f.name] for f in fields[s]}
-        if node.kind not in ("semi", "anti"):
-            values.update({f.name: pa.nulls(mine.num_rows, f.type) for f in fields[o]})
-        values[WEIGHT] = weight
-        got = pa.table({f.name: values[f.name] for f in out}, schema=out)
-        return got.filter(pc.not_equal(got[WEIGHT], 0))
-
-    def side(self, s: str, frame: pa.Table, delta: pa.Table, types: list[str]) -> pa.Table:
-        """Side ``s``'s rows (with multiplicity and keys) before the batch; stages the
-        batch's Δ for the side's log and keeps the side's rows after it for the cache."""
-        op, lc, names = self.op, self.lc, self.op.names[s]
         table = self.node.side_table(op.SIDES[s])
-        stored = lc.once(f"side:{table}:{frame.schema}",
-                         lambda: side_schema(lc.frame(frame).schema, names))
-
-        def load() -> DataFrame:
-            rows = read_log(lc.spark, lc.ctx.state_log(table), stored)
-            return op.with_keys(rows.toDF(*names, f"_{s}w"), s, types)
-
-        before = lc.cached(table, load)
         lc.fresh[table] = concat([before, delta], before.schema)
-        positions = [*positional(names), COUNT]
-        changes = delta.select([*names, f"_{s}w"]).rename_columns(positions)
-        kept = arrow_schema(stored)
-
-        def merge(rows: pa.Table) -> pa.Table:  # stored rows: multiplicities summed
-            cols = positions[:-1]
-            merged = rows.group_by(cols, use_threads=False).aggregate(
-                [(COUNT, "sum")]).rename_columns(positions)
-            return merged.filter(pc.not_equal(merged[COUNT], 0)).cast(kept)
-
-        def base(rows: pa.Table) -> pa.Table:
-            return merge(rows.select([*names, f"_{s}w"]).rename_columns(positions))
-
-        lc.stage(table, changes.cast(kept), before, base, merge)
-        return before
-
+        names = op.stored_names(s)
+        kept = arrow_schema(self.stored(s, delta))
+        merge = functools.partial(summed, schema=kept)
+        lc.stage(table, delta.rename_columns(names).cast(kept), before,
+                 lambda rows: merge(rows.rename_columns(names)), merge, op.stored_keys(s))

@@ -1,0 +1,200 @@
+"""Delta-rule joins' kernel in pure Arrow: (the batch's rows of both sides, each side's rows
+before it, at least for the join keys the batch touches) -> (output Δ, each side's state
+changes). No Spark here: the same step runs in the driver (``kernels.JoinKernel``, small
+batches, over the run's state cache) and in Spark tasks (``join_tasks``, large batches, over
+one ``_bucket`` of each side's log).
+
+The state and the formulas are ``join.Join``'s: the matched part is
+Δ(L⋈R) = ΔL⋈R_old + L_new⋈ΔR; outer, semi and anti joins also compare, for the keys the
+batch touched, each row's matches before and after the batch. A residual condition is SQL:
+the caller passes ``on`` (Spark over a local relation in the driver); without it, the step
+returns the matched pairs unfiltered (inner joins only: the Spark path filters them).
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Callable
+
+import pyarrow as pa
+import pyarrow.compute as pc
+
+from octo_platform.columns import COUNT, WEIGHT
+from octo_platform.runtime.operators.arrow import concat, key_join, safe_keys
+from octo_platform.runtime.operators.aggregate_kernel import unsuffix
+
+__all__ = ["JoinStep", "Filter", "summed"]
+
+# ``on(what, rows)``: ``rows`` (a side's or both sides' columns) that satisfy the residual
+# condition; ``what`` names the call (its schema is remembered per name).
+Filter = Callable[[str, pa.Table], pa.Table]
+
+
+@dataclass(frozen=True)
+class JoinStep:
+    """One join's step (picklable: Spark ships it to tasks). Per side ``s`` (``l``, ``r``):
+    its column names, and its key columns (``_<s>k<i>``, already computed by the caller).
+    A side's rows are its columns, its weight ``_<s>w`` and its key columns."""
+
+    kind: str
+    names: dict[str, tuple[str, ...]]
+    kcols: dict[str, tuple[str, ...]]
+    residual: bool
+
+    def run(self, deltas: dict[str, pa.Table], old: dict[str, pa.Table],
+            on: Filter | None = None) -> tuple[pa.Table, dict[str, pa.Table]]:
+        """The output Δ (both sides' columns, or the left's for semi and anti, and
+        ``_w``) and each side's batch rows with their weights summed (net zero dropped):
+        its state log's new rows."""
+        delta = {s: self.consolidated(s, deltas[s]) for s in "lr"}
+        fields = {s: [delta[s].schema.field(n) for n in self.names[s]] for s in "lr"}
+        schema = self.out_schema(delta, both=True)
+        out = self.out_schema(delta)
+        parts = []
+        if self.kind in ("inner", "left", "right", "full"):
+            parts.append(self.matched(old, delta, schema, on))
+        if self.kind != "inner":
+            rows = self.affected(old, delta)
+            counts = self.key_counts(rows)
+            sides = {"left": "l", "semi": "l", "anti": "l", "right": "r"}.get(self.kind, "lr")
+            parts += [self.unmatched(s, rows, counts, fields, out, on) for s in sides]
+        return concat(parts, out), delta
+
+    def out_schema(self, sides: dict[str, pa.Table], both: bool = False) -> pa.Schema:
+        """The output's columns (each side's rows as ``sides`` type them; the left's only
+        for semi and anti joins, unless ``both``) and ``_w``."""
+        fields = [sides["l"].schema.field(n) for n in self.names["l"]]
+        if both or self.kind not in ("semi", "anti"):
+            fields += [sides["r"].schema.field(n) for n in self.names["r"]]
+        return pa.schema([*fields, pa.field(WEIGHT, pa.int64())])
+
+    def row(self, s: str) -> list[str]:
+        """A side's stored row: its columns, weight and keys (``Join.side_state``'s order)."""
+        return [*self.names[s], f"_{s}w", *self.kcols[s]]
+
+    def consolidated(self, s: str, rows: pa.Table) -> pa.Table:
+        cols, w = [*self.names[s], *self.kcols[s]], f"_{s}w"
+        grouped = rows.group_by(cols, use_threads=False).aggregate([(w, "sum")])
+        grouped = grouped.rename_columns([*cols, w]).select(self.row(s))
+        return grouped.filter(pc.not_equal(grouped[w], 0)).cast(rows.select(self.row(s)).schema)
+
+    def matched(self, old: dict[str, pa.Table], delta: dict[str, pa.Table],
+                schema: pa.Schema, on: Filter | None) -> pa.Table:
+        """ΔL⋈R_old + L_new⋈ΔR, the residual condition applied when ``on`` is given."""
+        lk, rk = list(self.kcols["l"]), list(self.kcols["r"])
+        parts = [key_join(old["r"], delta["l"], rk, lk, "inner"),
+                 key_join(concat([old["l"], delta["l"]], delta["l"].schema), delta["r"],
+                          lk, rk, "inner")]
+        names = [*self.names["l"], *self.names["r"]]
+        rows = concat([p.select(names).append_column(WEIGHT, pc.multiply(p["_lw"], p["_rw"]))
+                       for p in parts], schema)
+        return on("on", rows) if self.residual and on is not None else rows
+
+    def affected(self, old: dict[str, pa.Table], delta: dict[str, pa.Table]
+                 ) -> dict[str, pa.Table]:
+        """Per side, the distinct rows whose join key the batch touched (on either side),
+        with their old and new multiplicity (``_<s>o``, ``_<s>n``) and whether the batch
+        changed them (``_<s>d``)."""
+        ak = [f"_ak{i}" for i in range(len(self.kcols["l"]))]
+        touched = concat([delta[s].select(list(self.kcols[s])).rename_columns(ak)
+                          for s in "lr"],
+                         delta["l"].select(list(self.kcols["l"])).rename_columns(ak).schema)
+        touched, tcols = safe_keys(touched, ak, "_t")
+        touched = touched.select(tcols).group_by(tcols, use_threads=False).aggregate([])
+        rows = {}
+        for s in "lr":
+            kc, w = list(self.kcols[s]), f"_{s}w"
+            mine, mcols = safe_keys(old[s], kc, "_m")
+            mine = key_join(mine, touched, mcols, tcols, "left semi").select(
+                old[s].column_names)
+            n_old, n_new = mine.num_rows, delta[s].num_rows
+            both = concat([
+                mine.append_column(f"_{s}o", mine[w]).append_column(
+                    f"_{s}d", pa.array([0] * n_old, pa.int8())),
+                delta[s].append_column(f"_{s}o", pa.array([0] * n_new, pa.int64()))
+                .append_column(f"_{s}d", pa.array([1] * n_new, pa.int8()))],
+                delta[s].schema.append(pa.field(f"_{s}o", pa.int64())).append(
+                    pa.field(f"_{s}d", pa.int8())))
+            cols = [*self.names[s], *kc]
+            aggs = [(f"_{s}o", "sum"), (w, "sum"), (f"_{s}d", "max")]
+            rows[s] = both.group_by(cols, use_threads=False).aggregate(aggs).rename_columns(
+                [*cols, f"_{s}o", f"_{s}n", f"_{s}d"])
+        return rows
+
+    def key_counts(self, rows: dict[str, pa.Table]) -> pa.Table:
+        """Per join key the batch touched: each side's old and new row count (zero for a
+        key with a NULL part: it matches nothing), keys as ``_ck<i>``."""
+        ck = [f"_ck{i}" for i in range(len(self.kcols["l"]))]
+        per = {}
+        for s in "lr":
+            kc = list(self.kcols[s])
+            aggs = [(f"_{s}o", "sum"), (f"_{s}n", "sum"), (f"_{s}d", "max")]
+            g = rows[s].group_by(kc, use_threads=False).aggregate(aggs)
+            g = g.rename_columns([unsuffix(c, aggs) for c in g.column_names])
+            null = pa.array([False] * g.num_rows, pa.bool_())
+            for c in kc:
+                null = pc.or_(null, pc.is_null(g[c]))
+            zero = pa.scalar(0, pa.int64())
+            g = pa.table({**{f"{s}.{c}": g[k] for c, k in zip(ck, kc)},
+                          f"_{s}co": pc.if_else(null, zero, g[f"_{s}o"]),
+                          f"_{s}cn": pc.if_else(null, zero, g[f"_{s}n"]),
+                          f"_{s}t": g[f"_{s}d"]})
+            per[s] = safe_keys(g, [f"{s}.{c}" for c in ck], f"_x{s}")
+        both = key_join(per["l"][0], per["r"][0], per["l"][1], per["r"][1], "full outer")
+        zero = pa.scalar(0, pa.int64())
+        out = {c: pc.coalesce(both[f"l.{c}"], both[f"r.{c}"]) for c in ck}
+        for s in "lr":
+            for c in ("co", "cn"):
+                out[f"_{s}{c}"] = pc.fill_null(both[f"_{s}{c}"], zero)
+        t = pc.or_(pc.fill_null(pc.equal(both["_lt"], 1), False),
+                   pc.fill_null(pc.equal(both["_rt"], 1), False))
+        return pa.table(out).filter(t)
+
+    def unmatched(self, s: str, rows: dict[str, pa.Table], counts: pa.Table,
+                  fields: dict[str, list[pa.Field]], out: pa.Schema,
+                  on: Filter | None) -> pa.Table:
+        """Changes to side ``s``'s rows that appear without a match (null-padded, anti) or
+        only with one (semi), for the keys the batch touched."""
+        o = "r" if s == "l" else "l"
+        kc = list(self.kcols[s])
+        ck = [f"_ck{i}" for i in range(len(kc))]
+        mine, mcols = safe_keys(rows[s], kc, "_m")
+        keys, kcols = safe_keys(counts, ck, "_q")
+        if not self.residual:  # matches depend on the key only
+            mine = key_join(mine, keys, mcols, kcols, "inner")
+            m_old, m_new = mine[f"_{o}co"], mine[f"_{o}cn"]
+        else:  # count matching rows of the other side, per row
+            if on is None:
+                raise ValueError("an outer join's residual condition needs ``on``")
+            mine = key_join(mine, keys.select(kcols), mcols, kcols, "left semi").select(
+                rows[s].column_names)
+            mine = mine.append_column("_id", pa.array(range(mine.num_rows), pa.int64()))
+            pairs = key_join(mine, rows[o], kc, list(self.kcols[o]), "inner")
+            pairs = pairs.select([*self.names["l"], *self.names["r"], "_id", f"_{o}o",
+                                  f"_{o}n"])
+            pairs = on(f"on{s}", pairs)
+            per = pairs.group_by(["_id"], use_threads=False).aggregate(
+                [(f"_{o}o", "sum"), (f"_{o}n", "sum")]).rename_columns(["_id", "_mo", "_mn"])
+            mine = key_join(mine, per, ["_id"], ["_id"], "left outer")
+            m_old, m_new = pc.fill_null(mine["_mo"], 0), pc.fill_null(mine["_mn"], 0)
+
+        def test(m):
+            return pc.greater(m, 0) if self.kind == "semi" else pc.equal(m, 0)
+
+        zero = pa.scalar(0, pa.int64())
+        weight = pc.subtract(pc.if_else(test(m_new), mine[f"_{s}n"], zero),
+                             pc.if_else(test(m_old), mine[f"_{s}o"], zero))
+        values = {f.name: mine[f.name] for f in fields[s]}
+        if self.kind not in ("semi", "anti"):
+            values.update({f.name: pa.nulls(mine.num_rows, f.type) for f in fields[o]})
+        values[WEIGHT] = weight
+        got = pa.table({f.name: values[f.name] for f in out}, schema=out)
+        return got.filter(pc.not_equal(got[WEIGHT], 0))
+
+
+def summed(rows: pa.Table, schema: pa.Schema) -> pa.Table:
+    """A join side's stored rows (``schema``) with their multiplicities (``_n``) summed,
+    net-zero rows dropped: its log compacted."""
+    cols = [c for c in schema.names if c != COUNT]
+    got = rows.group_by(cols, use_threads=False).aggregate([(COUNT, "sum")])
+    got = got.rename_columns([*cols, COUNT]).select(schema.names)
+    return got.filter(pc.not_equal(got[COUNT], 0)).cast(schema)

@@ -1,0 +1,122 @@
+"""Joins on the Spark path: the kernel (``join_kernel.JoinStep``) in Spark tasks.
+
+Each side's batch rows get their join key and its bucket in Spark SQL (``Join.with_keys``);
+the two sides are co-grouped by bucket (one exchange per side), and each bucket's task reads
+that bucket's files of both sides' logs (and nothing else), runs the step and returns, as
+one tagged frame (``tasks``): the output Δ and each side's new log rows. A bucket whose log is
+due for compaction is rewritten by its own task (its rows before the batch, multiplicities
+summed, become ``base`` files). The cost of a batch follows the keys it touches, not the
+size of either side.
+
+Covered: joins of every kind without ``state_ttl``, over columns Arrow groups; an inner
+join's residual condition is applied to the tasks' output in Spark SQL. An outer, semi or
+anti join with a residual condition (its kernel counts matches per row through that SQL)
+and ``state_ttl`` run as ``join.Join``'s Spark operator.
+"""
+from __future__ import annotations
+
+import functools
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any, Callable
+
+import pyarrow as pa
+
+from octo_platform.columns import BUCKET, WEIGHT
+from octo_platform.physical.plan import PJoin
+from octo_platform.runtime.operators.arrow import arrow_schema, primitive
+from octo_platform.runtime.operators.context import BatchContext, bucket_sql
+from octo_platform.runtime.operators.join import Join
+from octo_platform.runtime.operators.join_kernel import JoinStep, summed
+from octo_platform.runtime.operators.tasks import (
+    by_bucket,
+    due_buckets,
+    log_parts,
+    read_bucket,
+    stage_logs,
+    tagged,
+    tagged_schema,
+)
+from octo_platform.runtime.state_log import StateFile
+
+if TYPE_CHECKING:
+    from pyspark.sql import DataFrame
+
+__all__ = ["run_join"]
+
+
+def run_join(node: PJoin, ctx: BatchContext, ldelta: DataFrame, rdelta: DataFrame
+             ) -> DataFrame:
+    """The output Δ of join ``node``: by its kernel in Spark tasks where it covers the node,
+    else by the Spark operator."""
+    op = Join(node, ctx)
+    if node.ttl_us or (node.residual and node.kind != "inner"):
+        return op.run(ldelta, rdelta)
+    frames = {"l": ldelta.toDF(*op.names["l"], "_lw"), "r": rdelta.toDF(*op.names["r"], "_rw")}
+    types = op.key_types(frames["l"], frames["r"])
+    keyed = {s: op.with_keys(frames[s], s, types) for s in "lr"}
+    stored = {s: op.stored_schema(s, keyed[s].schema) for s in "lr"}
+    if not all(primitive(f.type) for s in "lr" for f in arrow_schema(stored[s])):
+        return op.run(ldelta, rdelta)
+    tables = [node.side_table(op.SIDES[s]) for s in "lr"]
+    schema = tagged_schema(_output(op, keyed), [stored["l"], stored["r"]])
+    logs = [by_bucket(ctx.state_log(t)) for t in tables]
+    task = _JoinTask(op.step(), {s: op.stored_names(s) for s in "lr"},
+                     tables=[(ctx.state_path(t), log) for t, log in zip(tables, logs)],
+                     stored=[arrow_schema(stored[s]) for s in "lr"],
+                     due=[due_buckets(log) for log in logs], out=arrow_schema(schema),
+                     reader=ctx.reader)
+    # Stored names: PySpark resolves the co-grouped columns by name, and a user's may
+    # hold a dot.
+    grouped = [keyed[s].toDF(*op.stored_names(s)).selectExpr(
+        "*", f"{bucket_sql(op.stored_keys(s), ctx.buckets)} AS {BUCKET}").groupBy(BUCKET)
+        for s in "lr"]
+    out = ctx.persist(grouped[0].cogroup(grouped[1]).applyInArrow(
+        functools.partial(_run, task), schema))
+    rows = stage_logs(ctx, out, tables)
+    return rows.filter(node.residual) if node.residual else rows
+
+
+def _output(op: Join, keyed: dict[str, Any]) -> Any:
+    """The Spark schema of the join's output Δ: its sides' columns and the weight."""
+    from pyspark.sql.types import LongType, StructField, StructType
+
+    sides = "l" if op.node.kind in ("semi", "anti") else "lr"
+    fields = [keyed[s].schema[n] for s in sides for n in op.names[s]]
+    return StructType([*fields, StructField(WEIGHT, LongType())])
+
+
+def _run(task, key, left, right):  # no annotations: Spark would read them as the UDF's kind
+    return task.run(key, left, right)
+
+
+@dataclass(frozen=True)
+class _JoinTask:
+    """The ``applyInArrow`` function of the co-grouped sides (runs in Spark tasks): one
+    bucket's batch rows of each side -> that bucket's tagged output."""
+
+    step: JoinStep
+    names: dict[str, list[str]]  # per side, its stored columns (``Join.stored_names``)
+    tables: list[tuple[str, dict[int, list[StateFile]]]]  # (path, files by bucket) per side
+    stored: list[pa.Schema]  # per side, its log's schema
+    due: list[set[int]]  # per side, the buckets whose log is due for compaction
+    out: pa.Schema
+    reader: Callable[[str, str], Any]
+
+    def run(self, key: tuple, left: pa.Table, right: pa.Table) -> pa.Table:
+        bucket = key[0].as_py()
+        step = self.step
+        deltas = {s: t.drop_columns([BUCKET]).rename_columns(step.row(s))
+                  for s, t in (("l", left), ("r", right))}
+        old, files = {}, {}
+        for s, (path, log), schema in zip("lr", self.tables, self.stored):
+            files[s] = log.get(bucket, [])
+            old[s] = read_bucket(self.reader, path, files[s], schema).rename_columns(
+                step.row(s))
+        out, delta = step.run(deltas, old)
+        parts = [(0, "o", out)]
+        for j, (s, schema) in enumerate(zip("lr", self.stored)):
+            def base(s=s, schema=schema) -> pa.Table:
+                return summed(old[s].rename_columns(self.names[s]), schema)
+            parts += log_parts(j, delta[s].rename_columns(self.names[s]).cast(schema),
+                               files[s], bucket in self.due[j], base)
+        return tagged(self.out, parts, bucket)

@@ -1,0 +1,110 @@
+"""What the operators that run their kernels in Spark tasks share (``aggregate_tasks``,
+``join_tasks``): reading one bucket of a state log in a task, and the tasks' tagged output.
+
+A task returns one frame for everything it made, tagged by ``_part``: 0 is the operator's
+own output (struct column ``o``), ``1 + 2j`` and ``2 + 2j`` are state table ``j``'s new
+``delta`` and ``base`` rows (struct column ``s<j>``). A ``base`` part is a compaction of the
+bucket: the commit removes the bucket's older files (``Output.replace == "written"``).
+"""
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any, Callable
+
+import pyarrow as pa
+
+from octo_platform.columns import BUCKET
+from octo_platform.runtime.operators.arrow import concat
+from octo_platform.runtime.operators.context import BatchContext, StagedWrite
+from octo_platform.runtime.state_log import StateFile, compaction
+
+if TYPE_CHECKING:
+    from pyspark.sql import DataFrame
+    from pyspark.sql.types import StructType
+
+__all__ = ["PART", "by_bucket", "due_buckets", "read_bucket", "tagged_schema", "tagged",
+           "log_parts", "stage_logs"]
+
+PART = "_part"
+Parts = list[tuple[int, str, pa.Table]]  # (part, struct column, rows)
+
+
+def by_bucket(files: list[StateFile]) -> dict[int, list[StateFile]]:
+    """A partitioned state log's files, by ``_bucket``."""
+    out: dict[int, list[StateFile]] = {}
+    for f in files:
+        out.setdefault(int(f["partition"][BUCKET]), []).append(f)
+    return out
+
+
+def due_buckets(log: dict[int, list[StateFile]]) -> set[int]:
+    """The buckets whose files are due for compaction (``state_log.compaction``)."""
+    return {b for b, files in log.items() if compaction(files) is not None}
+
+
+def read_bucket(reader: Callable[[str, str], Any], path: str, files: list[StateFile],
+                schema: pa.Schema) -> pa.Table:
+    """In a task: the rows of a state table's ``files`` (at ``path``), as ``schema``."""
+    import pyarrow.parquet as pq
+
+    return concat([pq.read_table(reader(path, f["path"])).select(schema.names).cast(schema)
+                   for f in files], schema)
+
+
+def tagged_schema(output: StructType, states: list[StructType]) -> StructType:
+    """The tasks' Spark schema: ``_part``, ``_bucket``, the output and each state table."""
+    from pyspark.sql.types import IntegerType, StructField, StructType
+
+    def nullable(struct: StructType) -> StructType:  # e.g. an outer join's padding
+        return StructType([StructField(f.name, f.dataType) for f in struct.fields])
+
+    fields = [StructField(PART, IntegerType()), StructField(BUCKET, IntegerType()),
+              StructField("o", nullable(output))]
+    fields += [StructField(f"s{j}", nullable(s)) for j, s in enumerate(states)]
+    return StructType(fields)
+
+
+def log_parts(j: int, changes: pa.Table, files: list[StateFile], due: bool,
+              base: Callable[[], pa.Table]) -> Parts:
+    """State table ``j``'s parts from one bucket: the batch's ``changes``, as ``base`` when
+    the bucket has no ``files`` yet; with its compaction (``base()``: the bucket's live rows
+    before the batch) when ``due``."""
+    if not files:
+        return [(2 + 2 * j, f"s{j}", changes)]
+    parts = []
+    if due:
+        rows = base()
+        if rows.num_rows:
+            parts.append((2 + 2 * j, f"s{j}", rows))
+    return [*parts, (1 + 2 * j, f"s{j}", changes)]
+
+
+def tagged(out: pa.Schema, parts: Parts, bucket: int) -> pa.Table:
+    """A task's result (``out``: ``tagged_schema`` as Arrow) from its parts."""
+    return concat([_tagged(out, part, column, rows, bucket) for part, column, rows in parts],
+                  out)
+
+
+def _tagged(out: pa.Schema, part: int, column: str, rows: pa.Table, bucket: int) -> pa.Table:
+    n = rows.num_rows
+    cols = {PART: pa.array([part] * n, pa.int32()), BUCKET: pa.array([bucket] * n, pa.int32())}
+    for f in out:
+        if f.name in cols:
+            continue
+        if f.name == column:
+            data = rows.select([c.name for c in f.type]).cast(pa.schema(list(f.type)))
+            cols[f.name] = pa.StructArray.from_arrays(
+                [data[c.name].combine_chunks() for c in f.type], fields=list(f.type))
+        else:
+            cols[f.name] = pa.nulls(n, f.type)
+    return pa.table(cols, schema=out)
+
+
+def stage_logs(ctx: BatchContext, out: DataFrame, tables: list[str]) -> DataFrame:
+    """Stage each state table's parts of the tasks' result ``out`` for the batch's write
+    job; the operator's output part (``o``'s columns)."""
+    for j, t in enumerate(tables):
+        for part, prefix in ((1 + 2 * j, "delta"), (2 + 2 * j, "base")):
+            rows = out.filter(f"{PART} = {part}").selectExpr(f"s{j}.*", BUCKET)
+            ctx.writes.append(StagedWrite(t, rows, None, prefix=prefix, bucketed=True,
+                                          replace_written=prefix == "base"))
+    return out.filter(f"{PART} = 0").selectExpr("o.*")
