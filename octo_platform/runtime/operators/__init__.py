@@ -8,9 +8,11 @@ windows and sliding-range aggregates rewrite the hash buckets their partitions f
 
 One module per operator (``aggregate``, ``join``, ``top_n``, ``session``, ``over``);
 ``context`` holds what they share; filters, projections and unions are applied here, in
-``evaluate``. ``kernels`` runs GROUP BY and joins over Arrow for small batches in the driver
-(``runtime/driver.py``), with these operators' state, SQL and formulas; ``arrow`` holds its
-helpers.
+``evaluate``. GROUP BY and joins have a kernel in pure Arrow (``aggregate_kernel``,
+``join_kernel``), run in Spark tasks, one per bucket of their state, on this path
+(``aggregate_tasks``, ``join_tasks``, sharing ``tasks``) and over a state cache in the driver
+for small batches (``kernels``, for ``runtime/driver.py``), with these operators' state, SQL
+and formulas; ``arrow`` holds the driver's helpers.
 """
 from __future__ import annotations
 

@@ -20,10 +20,13 @@ __all__ = ["Join"]
 class Join:
     """Delta-rule join over updating inputs.
 
-    Each side's state is a log of its rows with multiplicity (``_n``); a batch appends its
-    Δ, and reads only the rows that join its keys (a broadcast join or semi-join when the
-    batch is small, so the state is scanned, never shuffled). Per side, one
-    aggregate lines up every row of those buckets with its old and new multiplicity
+    Each side's state is a log of its rows with multiplicity (``_n``) and join key,
+    partitioned by the key's bucket; a batch appends its Δ. The kernel (``join_kernel``,
+    run in Spark tasks by ``join_tasks`` and in the driver by ``kernels``) reads only the
+    buckets a batch touches; this operator, which serves outer, semi and anti joins with a
+    residual condition and ``state_ttl``, reads each side's whole log (and keeps the rows
+    whose key the batch touched). Per side, one aggregate lines up every row of those keys
+    with its old and new multiplicity
     (``_lo``/``_ln``, ``_ro``/``_rn``); the matched part is Δ(L⋈R) = ΔL⋈R_old + L_new⋈ΔR.
     Outer, semi and anti joins also compare, for the keys the batch touched, each row's
     matches before and after the batch: a null-padded row is retracted when its first match

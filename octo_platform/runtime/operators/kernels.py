@@ -6,8 +6,9 @@ State is found by key: each state table's rows live in a cache that lasts the wh
 updated from each batch's own state changes; an entry whose version is not the pinned one
 (a Spark-path batch ran in between, or a retry) is reloaded, never trusted. The kernels
 write the same state tables, in the same format, as the Spark path (``aggregate_tasks``,
-``join``), so a run may switch paths between any two batches; GROUP BY's step itself
-(``aggregate_kernel``) is the one the Spark path runs in its tasks. Accumulator types and
+``join_tasks``), so a run may switch paths between any two batches; GROUP BY's and joins'
+steps (``aggregate_kernel``, ``join_kernel``) are the ones the Spark path runs in its
+tasks. Accumulator types and
 every SQL expression (output values, join keys, residual conditions) come from those operators
 and are evaluated by Spark over local relations (``arrow.spark_eval``).
 """
