@@ -90,7 +90,7 @@ def write_batch(pipe: TableRun, ctx: BatchContext, events: Events,
     lay = pipe.layout
     outputs = [Output(f"state/{w.table}", lay.state(pipe.name, w.table), w.data,
                       bucketed=w.buckets is not None or w.bucketed,
-                      replace="written" if w.replace_written else
+                      replace=set(w.replace) if w.replace else
                       None if w.buckets is None else set(w.buckets),
                       remove=w.remove, prefix=w.prefix)
                for w in ctx.writes

@@ -38,8 +38,8 @@ class Output:
     """Rows for one Delta table of the batch.
 
     ``bucketed``: the table is partitioned by ``_bucket`` (a column of ``frame``);
-    ``replace``: buckets whose files the commit removes (``"all"``: the whole table;
-    ``"written"``: those this output writes files into), None to append; ``remove``: files
+    ``replace``: buckets whose files the commit removes (``"all"``: the whole table), None
+    to append; ``remove``: files
     (relative paths) the commit removes too; ``prefix`` starts the new files' names;
     ``report``: an INT column of ``frame`` that is not written, whose distinct values
     ``write_outputs`` reports. Outputs with the same ``key`` go to one commit."""
@@ -48,7 +48,7 @@ class Output:
     path: str
     frame: DataFrame
     bucketed: bool = False
-    replace: set[int] | Literal["all", "written"] | None = None
+    replace: set[int] | Literal["all"] | None = None
     remove: tuple[str, ...] = ()
     prefix: str = "part"
     report: str | None = None
@@ -100,8 +100,7 @@ def write_outputs(outputs: list[Output], *, batch: int, store: Store,
                   "partition": {BUCKET: f.bucket} if first.bucketed else {}}
                  for f in files if f.o in mine]
         written.reported[key] = {t for f in files if f.o in mine for t in f.tags or ()}
-        replaced = [{f.bucket for f in files if f.o == i} if todo[i].replace == "written"
-                    else todo[i].replace for i in mine if todo[i].replace is not None]
+        replaced = [todo[i].replace for i in mine if todo[i].replace is not None]
         schema = schemas[mine[0]]
         if first.report:
             schema = schema.remove(schema.get_field_index(first.report))

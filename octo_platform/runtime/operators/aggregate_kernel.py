@@ -51,6 +51,7 @@ class AggregateStep:
     state: pa.Schema
     ms: dict[int, pa.Schema]
     batch: int
+    closes: tuple[str, int] | None = None  # ``PAggregate.closes``: (window key, offset µs)
 
     @property
     def logged(self) -> pa.Schema:
@@ -87,6 +88,55 @@ class AggregateStep:
             [f"o.{c}" for c in before.column_names]).rename_columns(before.column_names)
         live = changes.filter(pc.not_equal(changes[COUNT], 0))
         return Stepped(table, changes, concat([kept, live], self.logged), ms)
+
+    def open_rows(self, rows: pa.Table, mark: int | None) -> pa.Table:
+        """``rows`` (of the state or a multiset) whose window the watermark ``mark`` has not
+        closed: what a compaction keeps (a closed window's group is never touched again)."""
+        if self.closes is None or mark is None:
+            return rows
+        return rows.filter(pc.invert(self.closed(rows, mark)))
+
+    def closed(self, rows: pa.Table, mark: int) -> pa.ChunkedArray:
+        """Per row, whether its window is closed at ``mark`` (``PAggregate.closed_sql``)."""
+        assert self.closes is not None
+        key, offset = self.closes
+        micros = rows[key].cast(pa.timestamp("us", rows.schema.field(key).type.tz)).cast(
+            pa.int64())
+        return pc.fill_null(pc.less_equal(pc.add(micros, offset), mark), False)
+
+    def closing(self, table: pa.Table, before: pa.Table, mark_before: int | None,
+                mark: int | None) -> pa.Table:
+        """EMIT ON WINDOW CLOSE: the accumulators (``n`` side) of the groups whose window
+        ``mark`` closes and ``mark_before`` did not, touched by the batch (``table``, the
+        step's) or not (``before``: live state rows), each once, with rows only."""
+        if mark is None or mark == mark_before:
+            return table.slice(0, 0)
+        keys = list(self.keys)
+
+        def newly(rows: pa.Table) -> pa.Table:
+            now = self.closed(rows, mark)
+            if mark_before is not None:
+                now = pc.and_(now, pc.invert(self.closed(rows, mark_before)))
+            return rows.filter(now)
+
+        touched = newly(table)
+        tk, tcols = safe_keys(table.select(keys), keys, "_t")
+        bk, bcols = safe_keys(newly(before), keys, "_b")
+        untouched = key_join(bk, tk.select(tcols), bcols, tcols, "left anti")
+        n = untouched.num_rows
+        cols = {}
+        for f in table.schema:
+            name = f.name
+            if name in keys:
+                cols[name] = untouched[name]
+            elif name == f"n{COUNT}" or (name[0] == "n" and name[1:] in before.column_names):
+                cols[name] = untouched[name[1:]]
+            elif name == "_touched":
+                cols[name] = pa.array([False] * n, pa.bool_())
+            else:  # the old side: not wanted
+                cols[name] = pa.nulls(n, f.type)
+        rows = concat([touched, pa.table(cols)], table.schema)
+        return rows.filter(pc.greater(rows[f"n{COUNT}"], 0))
 
     def delta_groups(self, delta: pa.Table) -> pa.Table:
         """The batch per group: ``d_n`` and per aggregate ``dc<i>``/``ds<i>``/``dm<i>``
@@ -187,7 +237,7 @@ def aggregate_step(node: Any, shape: Any, batch: int) -> AggregateStep | None:
         return None
     if not all(primitive(f.type) for t in (state, *ms.values()) for f in t):
         return None
-    return AggregateStep(tuple(node.keys), tuple(node.aggs), state, ms, batch)
+    return AggregateStep(tuple(node.keys), tuple(node.aggs), state, ms, batch, node.closes)
 
 
 def newest(keys: list[str]) -> Callable[[pa.Table], pa.Table]:

@@ -10,8 +10,12 @@ rewritten by its own task: its live rows before the batch become ``base`` files,
 commit removes the bucket's older files (``Output.replace == "written"``). The cost of a
 batch follows the buckets it touches, not the state's size.
 
-Covered: GROUP BY with a key, without closing windows or ``state_ttl``, of types Arrow
-groups (``aggregate_step``); others run as ``aggregate.Aggregate``'s Spark operators.
+Windows that close: a compaction keeps only the groups of open windows; with EMIT ON
+WINDOW CLOSE the output is the final rows of the groups whose window the batch's watermark
+closes, touched or not (a row of weight 0 visits every bucket when the watermark moves).
+
+Covered: GROUP BY with a key, without ``state_ttl``, of types Arrow groups
+(``aggregate_step``); others run as ``aggregate.Aggregate``'s Spark operators.
 """
 from __future__ import annotations
 
@@ -40,6 +44,7 @@ from octo_platform.runtime.operators.tasks import (
     stage_logs,
     tagged,
     tagged_schema,
+    visits,
 )
 from octo_platform.runtime.state_log import StateFile, generation, with_batch
 from octo_platform.sqltext import quote
@@ -54,7 +59,7 @@ def run_aggregate(node: PAggregate, ctx: BatchContext, delta: DataFrame) -> Data
     """The output Δ of GROUP BY ``node``: by its kernel in Spark tasks where it covers the
     node, else by the Spark operator."""
     op = Aggregate(node, ctx)
-    if not node.keys or node.closes is not None or node.emit_on_close or node.ttl_us:
+    if not node.keys or node.ttl_us:
         return op.run(delta)
     shape = op.shape(delta)
     step = aggregate_step(node, shape, ctx.batch)
@@ -65,16 +70,21 @@ def run_aggregate(node: PAggregate, ctx: BatchContext, delta: DataFrame) -> Data
         with_batch(s) for s in [shape.state_schema, *shape.ms_schemas.values()]])
     args = list(dict.fromkeys([*node.keys, *[a.arg for a in node.aggs if a.arg]]))
     logs = [by_bucket(ctx.state_log(t)) for t in tables]
+    due = [due_buckets(log) for log in logs]
     task = _BucketTask(step, tables=[(ctx.state_path(t), log) for t, log in zip(tables, logs)],
-                       due=[due_buckets(log) for log in logs], out=arrow_schema(schema),
-                       reader=ctx.reader)
-    out = ctx.persist(delta.selectExpr(
-        *[quote(c) for c in args], quote(WEIGHT),
-        f"{bucket_sql(node.keys, ctx.buckets)} AS {BUCKET}")
-        .groupBy(BUCKET).applyInArrow(functools.partial(_run, task), schema))
+                       due=due, out=arrow_schema(schema),
+                       reader=ctx.reader, marks=(ctx.watermark_before, ctx.watermark),
+                       emit=node.emit_on_close)
+    rows = delta.selectExpr(*[quote(c) for c in args], quote(WEIGHT),
+                            f"{bucket_sql(node.keys, ctx.buckets)} AS {BUCKET}")
+    closing = node.emit_on_close and ctx.watermark not in (None, ctx.watermark_before)
+    # Windows close in every bucket, touched or not; due compactions run in their bucket.
+    rows = visits(rows, WEIGHT, set(range(ctx.buckets)) if closing else set().union(*due))
+    out = ctx.persist(rows.groupBy(BUCKET).applyInArrow(functools.partial(_run, task), schema))
     # Persisted as plain columns: the output's SQL over struct fields made Spark's optimizer
     # inline them into every expression (planning ran out of memory for ten aggregates).
-    return op.output(ctx.persist(stage_logs(ctx, out, tables)), shape)
+    accs = ctx.persist(stage_logs(ctx, out, tables, due))
+    return op.rows(accs, shape, "n") if node.emit_on_close else op.output(accs, shape)
 
 
 def _accumulators(shape: Any, keys: int) -> Any:
@@ -103,11 +113,14 @@ class _BucketTask:
     due: list[set[int]]  # per table, the buckets whose log is due for compaction
     out: pa.Schema
     reader: Callable[[str, str], Any]
+    marks: tuple[int | None, int | None]  # the watermark before and after the batch
+    emit: bool  # EMIT ON WINDOW CLOSE: the output is the groups whose window closes
 
     def run(self, key: tuple, rows: pa.Table) -> pa.Table:
         bucket = key[0].as_py()
         step, keys = self.step, list(self.step.keys)
         delta = rows.drop_columns([BUCKET])
+        delta = delta.filter(pc.not_equal(delta[WEIGHT], 0))  # a visit changes nothing
         layout = [step.logged, *[step.ms_logged(i) for i in step.ms]]
         befores, files = [], []
         for j, ((path, log), logged) in enumerate(zip(self.tables, layout)):
@@ -120,8 +133,10 @@ class _BucketTask:
             files.append(mine)
         done = step.run(delta, befores[0], {i: b for i, b in zip(step.ms, befores[1:])},
                         keep_after=False)
-        parts = [(0, "o", done.table)]
+        accs = step.closing(done.table, befores[0], *self.marks) if self.emit else done.table
+        parts = [(0, "o", accs)]
         changed = [done.changes, *[c for c, _ in done.ms.values()]]
         for j, (changes, before, mine) in enumerate(zip(changed, befores, files)):
-            parts += log_parts(j, changes, mine, bucket in self.due[j], lambda b=before: b)
+            parts += log_parts(j, changes, mine, bucket in self.due[j],
+                               lambda b=before: step.open_rows(b, self.marks[1]))
         return tagged(self.out, parts, bucket)

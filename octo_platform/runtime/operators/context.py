@@ -41,7 +41,7 @@ class StagedWrite:
     remove: tuple[str, ...] = ()
     prefix: str = "delta"
     bucketed: bool = False
-    replace_written: bool = False  # the commit removes the files of the buckets it writes
+    replace: tuple[int, ...] | None = None  # buckets whose files the commit removes
 
 
 @dataclass

@@ -21,7 +21,7 @@ from typing import TYPE_CHECKING, Any, Callable
 
 import pyarrow as pa
 
-from octo_platform.columns import BUCKET, WEIGHT
+from octo_platform.columns import BUCKET, COUNT, WEIGHT
 from octo_platform.physical.plan import PJoin
 from octo_platform.runtime.operators.arrow import arrow_schema, primitive
 from octo_platform.runtime.operators.context import BatchContext, bucket_sql
@@ -35,6 +35,7 @@ from octo_platform.runtime.operators.tasks import (
     stage_logs,
     tagged,
     tagged_schema,
+    visits,
 )
 from octo_platform.runtime.state_log import StateFile
 
@@ -60,19 +61,21 @@ def run_join(node: PJoin, ctx: BatchContext, ldelta: DataFrame, rdelta: DataFram
     tables = [node.side_table(op.SIDES[s]) for s in "lr"]
     schema = tagged_schema(_output(op, keyed), [stored["l"], stored["r"]])
     logs = [by_bucket(ctx.state_log(t)) for t in tables]
+    due = [due_buckets(log) for log in logs]
     task = _JoinTask(op.step(), {s: op.stored_names(s) for s in "lr"},
                      tables=[(ctx.state_path(t), log) for t, log in zip(tables, logs)],
                      stored=[arrow_schema(stored[s]) for s in "lr"],
-                     due=[due_buckets(log) for log in logs], out=arrow_schema(schema),
+                     due=due, out=arrow_schema(schema),
                      reader=ctx.reader)
     # Stored names: PySpark resolves the co-grouped columns by name, and a user's may
     # hold a dot.
-    grouped = [keyed[s].toDF(*op.stored_names(s)).selectExpr(
-        "*", f"{bucket_sql(op.stored_keys(s), ctx.buckets)} AS {BUCKET}").groupBy(BUCKET)
-        for s in "lr"]
+    sides = [keyed[s].toDF(*op.stored_names(s)).selectExpr(
+        "*", f"{bucket_sql(op.stored_keys(s), ctx.buckets)} AS {BUCKET}") for s in "lr"]
+    sides[0] = visits(sides[0], COUNT, due[0] | due[1])  # due compactions run in their bucket
+    grouped = [side.groupBy(BUCKET) for side in sides]
     out = ctx.persist(grouped[0].cogroup(grouped[1]).applyInArrow(
         functools.partial(_run, task), schema))
-    rows = stage_logs(ctx, out, tables)
+    rows = stage_logs(ctx, out, tables, due)
     return rows.filter(node.residual) if node.residual else rows
 
 

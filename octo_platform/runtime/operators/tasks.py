@@ -3,8 +3,10 @@
 
 A task returns one frame for everything it made, tagged by ``_part``: 0 is the operator's
 own output (struct column ``o``), ``1 + 2j`` and ``2 + 2j`` are state table ``j``'s new
-``delta`` and ``base`` rows (struct column ``s<j>``). A ``base`` part is a compaction of the
-bucket: the commit removes the bucket's older files (``Output.replace == "written"``).
+``delta`` and ``base`` rows (struct column ``s<j>``): a bucket's first rows, or its
+compaction, when due (``due_buckets``, decided in the driver). Each due bucket is visited by
+a task (``visits``: a row of weight 0), and the commit removes its older files, so a
+compaction that keeps nothing (a bucket of closed windows) empties the bucket.
 """
 from __future__ import annotations
 
@@ -16,13 +18,14 @@ from octo_platform.columns import BUCKET
 from octo_platform.runtime.operators.arrow import concat
 from octo_platform.runtime.operators.context import BatchContext, StagedWrite
 from octo_platform.runtime.state_log import StateFile, compaction
+from octo_platform.sqltext import quote
 
 if TYPE_CHECKING:
     from pyspark.sql import DataFrame
     from pyspark.sql.types import StructType
 
-__all__ = ["PART", "by_bucket", "due_buckets", "read_bucket", "tagged_schema", "tagged",
-           "log_parts", "stage_logs"]
+__all__ = ["PART", "by_bucket", "due_buckets", "visits", "read_bucket", "tagged_schema",
+           "tagged", "log_parts", "stage_logs"]
 
 PART = "_part"
 Parts = list[tuple[int, str, pa.Table]]  # (part, struct column, rows)
@@ -39,6 +42,19 @@ def by_bucket(files: list[StateFile]) -> dict[int, list[StateFile]]:
 def due_buckets(log: dict[int, list[StateFile]]) -> set[int]:
     """The buckets whose files are due for compaction (``state_log.compaction``)."""
     return {b for b, files in log.items() if compaction(files) is not None}
+
+
+def visits(rows: DataFrame, weight: str, buckets: set[int]) -> DataFrame:
+    """``rows`` (with ``_bucket``) and, per bucket of ``buckets``, a row of weight 0 (NULL
+    elsewhere): its task then runs even where the batch changes nothing."""
+    if not buckets:
+        return rows
+    spark = rows.sparkSession
+    types = {f.name: f.dataType.simpleString() for f in rows.schema.fields}
+    ids = spark.createDataFrame([(b,) for b in sorted(buckets)], f"{BUCKET} INT")
+    return rows.unionByName(ids.selectExpr(*[
+        f"CAST({0 if c == weight else 'NULL'} AS {t}) AS {quote(c)}" for c, t in types.items()
+        if c != BUCKET], BUCKET))
 
 
 def read_bucket(reader: Callable[[str, str], Any], path: str, files: list[StateFile],
@@ -70,12 +86,7 @@ def log_parts(j: int, changes: pa.Table, files: list[StateFile], due: bool,
     before the batch) when ``due``."""
     if not files:
         return [(2 + 2 * j, f"s{j}", changes)]
-    parts = []
-    if due:
-        rows = base()
-        if rows.num_rows:
-            parts.append((2 + 2 * j, f"s{j}", rows))
-    return [*parts, (1 + 2 * j, f"s{j}", changes)]
+    return [*([(2 + 2 * j, f"s{j}", base())] if due else []), (1 + 2 * j, f"s{j}", changes)]
 
 
 def tagged(out: pa.Schema, parts: Parts, bucket: int) -> pa.Table:
@@ -99,12 +110,15 @@ def _tagged(out: pa.Schema, part: int, column: str, rows: pa.Table, bucket: int)
     return pa.table(cols, schema=out)
 
 
-def stage_logs(ctx: BatchContext, out: DataFrame, tables: list[str]) -> DataFrame:
+def stage_logs(ctx: BatchContext, out: DataFrame, tables: list[str], due: list[set[int]]
+               ) -> DataFrame:
     """Stage each state table's parts of the tasks' result ``out`` for the batch's write
-    job; the operator's output part (``o``'s columns)."""
+    job (``due``: per table, the buckets its base rows replace); the operator's output part
+    (``o``'s columns)."""
     for j, t in enumerate(tables):
         for part, prefix in ((1 + 2 * j, "delta"), (2 + 2 * j, "base")):
             rows = out.filter(f"{PART} = {part}").selectExpr(f"s{j}.*", BUCKET)
             ctx.writes.append(StagedWrite(t, rows, None, prefix=prefix, bucketed=True,
-                                          replace_written=prefix == "base"))
+                                          replace=tuple(sorted(due[j])) if prefix == "base"
+                                          else None))
     return out.filter(f"{PART} = 0").selectExpr("o.*")
