@@ -175,16 +175,18 @@ def write_round(source: TimedSource, rng: random.Random, directory: Path, round_
 
 
 def timed_oracle(spark, root: Path, tables: dict[str, str], seed: int, debezium: bool, *,
-                 rounds: int = 3, each_round=None, check=None) -> TimedSource:
+                 rounds: int = 3, each_round=None, check=None, path: str = "mixed"
+                 ) -> TimedSource:
     """The timed ``clicks`` source and ``tables`` (name -> SELECT) in a project under
     ``root``; ``rounds`` rounds of input, each a separate run, after each of which every
     table's replayed changelog equals its SELECT as a batch query over the records that
     were not late (or, given ``check(source, sql, project, round_no)``, what that checks).
-    ``each_round(source, round_no, report, records_without_time)`` checks more."""
+    ``each_round(source, round_no, report, records_without_time)`` checks more. ``path``:
+    where batches run (``oracle.PATHS``; by default the driver and Spark by turns)."""
     from octo_platform.project import load_project
     from octo_platform.runtime.runner import run_tables
     from octo_platform.wiring import default_options
-    from tests.oracle import check_tables
+    from tests.oracle import check_tables, driver_rows
 
     rng = random.Random(seed)
     max_files = rng.randint(1, 2)
@@ -197,8 +199,8 @@ def timed_oracle(spark, root: Path, tables: dict[str, str], seed: int, debezium:
     src = TimedSource(seed, debezium)
     for round_no in range(rounds):
         no_time = write_round(src, rng, root / "data" / "clicks", round_no, max_files)
-        report = run_tables(spark, root, options=default_options(buckets=4, progress=None),
-                            until_idle=True)
+        report = run_tables(spark, root, options=default_options(
+            buckets=4, progress=None, driver_rows=driver_rows(path, round_no)), until_idle=True)
         if check is None:
             check_tables(spark, root / "warehouse", sql, {"clicks": src.relation()}, keyed,
                          round_no)

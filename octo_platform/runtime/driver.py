@@ -3,8 +3,8 @@
 A batch whose input holds at most ``driver_rows`` rows (a run option; counted from
 metadata before anything is read: Parquet footers, Kafka offsets, Delta file statistics,
 lines of small text files) and whose plan the kernels cover (filters, projections, unions,
-GROUP BY without windows closing or ``state_ttl``, inner joins) runs here instead of in a
-Spark job:
+GROUP BY (windows that close and EMIT ON WINDOW CLOSE too) and joins, without
+``state_ttl``) runs here instead of in a Spark job:
 
 1. each input's rows are read into Arrow (``toArrow``: the path's one Spark job per input
    read; record counts and dead letters are observed by it as on the Spark path);
@@ -48,6 +48,7 @@ from octo_platform.runtime.sink import (
     event_bucket,
     write_dead_letters,
 )
+from octo_platform.runtime.stats import table_watermark
 from octo_platform.runtime.writes import LocalOutput, write_local
 from octo_platform.sqltext import quote, unquote
 
@@ -65,7 +66,7 @@ _W = quote(WEIGHT)
 
 def plan_runs_in_driver(plan: PhysicalPlan) -> bool:
     """Whether every operator of the plan has a driver-path kernel."""
-    if plan.restarts_keys or plan.closes_windows:
+    if plan.restarts_keys:
         return False
     return all(isinstance(n, (PSource, PStateless, PUnion)) or kernel_supports(n)
                for n in plan.operators)
@@ -122,6 +123,10 @@ def run_in_driver(pipe: TableRun, ctx: BatchContext, inputs: dict[str, Any], row
     try:
         local: LocalInputs | None = read_local(pipe, lc, inputs, rows, stats)
         tables = local.tables
+        ctx.watermark_before = table_watermark(stats.watermarks, pipe.watermarked)
+        if plan.closes_windows:  # as ``inputs.read_inputs`` sets them
+            ctx.watermark = table_watermark({**stats.watermarks, **local.watermarks},
+                                            pipe.watermarked)
     except Unsupported:  # read with Spark: a job per input
         local, observed = None, read_inputs(pipe, ctx, inputs, stats)
         tables = {}

@@ -106,12 +106,15 @@ class AggregateStep:
 
     def closing(self, table: pa.Table, before: pa.Table, mark_before: int | None,
                 mark: int | None) -> pa.Table:
-        """EMIT ON WINDOW CLOSE: the accumulators (``n`` side) of the groups whose window
-        ``mark`` closes and ``mark_before`` did not, touched by the batch (``table``, the
-        step's) or not (``before``: live state rows), each once, with rows only."""
+        """EMIT ON WINDOW CLOSE: the accumulators of the groups whose window ``mark`` closes
+        and ``mark_before`` did not, touched by the batch (``table``, the step's) or not
+        (``before``: live state rows), each once, with rows only; as insertions of their
+        final values (the ``o`` side NULL: no row before)."""
         if mark is None or mark == mark_before:
             return table.slice(0, 0)
-        keys = list(self.keys)
+        keys, schema = list(self.keys), table.schema
+        olds = [f.name for f in schema if f.name[0] == "o" and f.name not in keys]
+        table = table.drop_columns(olds)
 
         def newly(rows: pa.Table) -> pa.Table:
             now = self.closed(rows, mark)
@@ -132,11 +135,12 @@ class AggregateStep:
             elif name == f"n{COUNT}" or (name[0] == "n" and name[1:] in before.column_names):
                 cols[name] = untouched[name[1:]]
             elif name == "_touched":
-                cols[name] = pa.array([False] * n, pa.bool_())
-            else:  # the old side: not wanted
-                cols[name] = pa.nulls(n, f.type)
+                cols[name] = pa.array([True] * n, pa.bool_())
         rows = concat([touched, pa.table(cols)], table.schema)
-        return rows.filter(pc.greater(rows[f"n{COUNT}"], 0))
+        rows = rows.filter(pc.greater(rows[f"n{COUNT}"], 0))
+        for name in olds:
+            rows = rows.append_column(name, pa.nulls(rows.num_rows, schema.field(name).type))
+        return rows.select(schema.names)
 
     def delta_groups(self, delta: pa.Table) -> pa.Table:
         """The batch per group: ``d_n`` and per aggregate ``dc<i>``/``ds<i>``/``dm<i>``

@@ -49,7 +49,7 @@ class Unsupported(Exception):
 def kernel_supports(node: object) -> bool:
     """Whether the driver path has a kernel for a stateful node (others run on Spark)."""
     if isinstance(node, PAggregate):
-        return node.closes is None and not node.emit_on_close and node.ttl_us is None
+        return node.ttl_us is None
     if isinstance(node, PJoin):
         return node.ttl_us is None
     return False
@@ -195,19 +195,25 @@ class AggregateKernel:
         before = lc.cached(node.id, lambda: latest(
             lc.spark, lc.ctx.state_log(node.id), shape.state_schema, keys, alive=alive,
             keep_batch=True))
-        if not delta.num_rows and (keys or before.num_rows):  # no group changes
+        marks = (lc.ctx.watermark_before, lc.ctx.watermark)
+        closing = node.emit_on_close and marks[1] not in (None, marks[0])
+        if not delta.num_rows and (keys or before.num_rows) and not closing:  # no change
             return self.out_schema(shape).empty_table()
         ms_before = {i: lc.cached(node.multiset_table(i), lambda i=i: latest(
             lc.spark, lc.ctx.state_log(node.multiset_table(i)), shape.ms_schemas[i],
             [*keys, "v"], alive="cnt != 0", keep_batch=True)) for i in shape.ms_schemas}
         done = step.run(delta, before, ms_before)
-        lc.fresh[node.id] = done.after
-        lc.stage(node.id, done.changes, before, lambda rows: rows, newest(keys), keys)
+
+        def kept(rows: pa.Table) -> pa.Table:  # a closed window's group is never touched
+            return step.open_rows(rows, marks[1])
+        lc.fresh[node.id] = kept(done.after)
+        lc.stage(node.id, done.changes, before, kept, newest(keys), keys)
         for i, (changes, after) in done.ms.items():
             table = node.multiset_table(i)
-            lc.fresh[table] = after
-            lc.stage(table, changes, ms_before[i], lambda rows: rows, newest([*keys, "v"]),
-                     keys)
+            lc.fresh[table] = kept(after)
+            lc.stage(table, changes, ms_before[i], kept, newest([*keys, "v"]), keys)
+        if node.emit_on_close:  # the final rows of the groups whose window closes
+            return self.output(step.closing(done.table, before, *marks), shape)
         return self.output(done.table, shape)
 
     @staticmethod
