@@ -36,7 +36,7 @@ def test_compaction_keeps_results_exact(spark, tmp_path, monkeypatch, path):
     either path (the driver path merges delta files with Arrow), in a project whose path
     has a space (Delta's file URIs percent-encode it)."""
     tmp_path = tmp_path / "a project"
-    monkeypatch.setattr(state_log, "MERGE_DELTAS", 2)  # merge delta files every few batches
+    monkeypatch.setattr(state_log, "MERGE_DELTAS", 2)  # merge delta writes every few batches
     src = RandomInput(7, debezium=True)
     sql = SQL.format(ddl=src.ddl())
     (tmp_path / "sql").mkdir(parents=True)

@@ -14,7 +14,7 @@ each side's weights).
 Compaction runs inside a batch's write job, amortized: when the delta files hold at least as
 many rows as the ``base-*`` files, everything is merged into new base files (tombstones and
 net-zero rows dropped), so the state is rewritten once each time it doubles in changes; when
-there are more than ``MERGE_DELTAS`` delta files, only those are merged (cost: their rows).
+there are more than ``MERGE_DELTAS`` delta writes, only those are merged (cost: their rows).
 Files removed by a compaction stay until the table's vacuum; readers of older versions
 (a batch redone after a crash reads the versions the batch before it committed) still find
 them.
@@ -37,7 +37,7 @@ STATE_FORMAT = 4  # version of the warehouse's state layout (1: bucket files rew
 # 2: unpartitioned logs; 3: aggregate logs partitioned by the bucket of the group key;
 # 4: join sides' logs keep their join key and are partitioned by its bucket)
 BATCH = "_batch"  # the batch that wrote a keyed state row
-MERGE_DELTAS = 16  # delta files of a state table before they are merged into one
+MERGE_DELTAS = 16  # delta writes to a state table before they are merged into one
 StateFile = dict[str, Any]  # {"uri", "path", "rows", "size"} (``Store.data_files``)
 
 
@@ -84,8 +84,8 @@ def compaction(files: list[StateFile]) -> tuple[list[StateFile], bool] | None:
         return None
     if sum(_rows(f) for f in deltas) >= sum(_rows(f) for f in base):
         return files, True
-    if len(deltas) > MERGE_DELTAS:
-        return deltas, False
+    if len({generation(f) for f in deltas}) > MERGE_DELTAS:  # writes, not files: a write
+        return deltas, False  # of a partitioned log has a file per bucket (and task)
     return None
 
 
