@@ -3,12 +3,12 @@
 The batch's rows are shuffled once, by the bucket of their group key, and each bucket's
 task reads that bucket's state log files (and nothing else), runs the step and returns, as
 one tagged frame: the old and new accumulators of the groups it touched, and per state table
-the log's new rows. Spark SQL then turns the accumulators into output rows (the operator's
-own expressions, as on the driver path) and the batch's write job writes the state rows.
-A bucket whose log is due for compaction (``state_log.compaction`` of its files) is
-rewritten by its own task: its live rows before the batch become ``base`` files, and the
-commit removes the bucket's older files (``Output.replace == "written"``). The cost of a
-batch follows the buckets it touches, not the state's size.
+the log's new rows (``tasks``). Spark SQL then turns the accumulators into output rows (the
+operator's own expressions, as on the driver path) and the batch's write job writes the
+state rows. A bucket whose log is due for compaction (``state_log.compaction`` of its files)
+is rewritten by its own task: its live rows before the batch become ``base`` files, and the
+commit removes the bucket's older files. The cost of a batch follows the buckets it touches,
+not the state's size.
 
 Windows that close: a compaction keeps only the groups of open windows; with EMIT ON
 WINDOW CLOSE the output is the final rows of the groups whose window the batch's watermark
