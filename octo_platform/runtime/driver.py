@@ -41,14 +41,13 @@ from octo_platform.runtime.operators.kernels import (
 )
 from octo_platform.runtime.operators.spark_hash import hashable, spark_hash, spark_pmod
 from octo_platform.runtime.driver_inputs import LocalInputs, read_local
-from octo_platform.runtime.inputs import read_inputs, settle_inputs
+from octo_platform.runtime.inputs import read_inputs, set_watermarks, settle_inputs
 from octo_platform.runtime.sink import (
     appends_current,
     current_key,
     event_bucket,
     write_dead_letters,
 )
-from octo_platform.runtime.stats import table_watermark
 from octo_platform.runtime.writes import LocalOutput, write_local
 from octo_platform.sqltext import quote, unquote
 
@@ -123,10 +122,7 @@ def run_in_driver(pipe: TableRun, ctx: BatchContext, inputs: dict[str, Any], row
     try:
         local: LocalInputs | None = read_local(pipe, lc, inputs, rows, stats)
         tables = local.tables
-        ctx.watermark_before = table_watermark(stats.watermarks, pipe.watermarked)
-        if plan.closes_windows:  # as ``inputs.read_inputs`` sets them
-            ctx.watermark = table_watermark({**stats.watermarks, **local.watermarks},
-                                            pipe.watermarked)
+        set_watermarks(pipe, ctx, stats.watermarks, local.watermarks)
     except Unsupported:  # read with Spark: a job per input
         local, observed = None, read_inputs(pipe, ctx, inputs, stats)
         tables = {}

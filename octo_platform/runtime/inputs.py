@@ -24,8 +24,8 @@ if TYPE_CHECKING:
 
     from octo_platform.runtime.table_run import TableRun
 
-__all__ = ["input_specs", "read_inputs", "watermarked_inputs", "settle_inputs",
-           "commit_kafka_offsets", "upstream_watermark", "advanced",
+__all__ = ["input_specs", "read_inputs", "set_watermarks", "watermarked_inputs",
+           "settle_inputs", "commit_kafka_offsets", "upstream_watermark", "advanced",
            "mark_late", "ALL_BUCKETS_BYTES", "LATE"]
 
 ALL_BUCKETS_BYTES = 1 << 20  # input size from which a top-N takes all its buckets as touched
@@ -131,11 +131,18 @@ def read_inputs(pipe: TableRun, ctx: BatchContext, inputs: dict[str, Any],
         ctx.inputs[src.name.lower()] = parsed.rows(records.filter("_reason IS NULL"))
     # Any superset of the touched buckets is correct; a large batch touches them all.
     ctx.all_buckets = size > ALL_BUCKETS_BYTES
-    ctx.watermark_before = table_watermark(watermarks, pipe.watermarked)
-    if pipe.table.physical.closes_windows:
-        now = {**watermarks, **{k: v for k, v in after.items() if v is not None}}
-        ctx.watermark = table_watermark(now, pipe.watermarked)
+    set_watermarks(pipe, ctx, watermarks, after)
     return observed
+
+
+def set_watermarks(pipe: TableRun, ctx: BatchContext, before: dict[str, int],
+                   after: dict[str, int | None]) -> None:
+    """The table's watermark as the batch begins (``before``: its sources') and, when its
+    windows close, after it (``after``: the sources' new ones, None where unchanged)."""
+    ctx.watermark_before = table_watermark(before, pipe.watermarked)
+    if pipe.table.physical.closes_windows:
+        now = {**before, **{k: v for k, v in after.items() if v is not None}}
+        ctx.watermark = table_watermark(now, pipe.watermarked)
 
 
 def mark_late(records: DataFrame, sdef: SourceDef, before: int | None) -> tuple[DataFrame, str]:

@@ -141,7 +141,7 @@ class Aggregate:
         """EMIT ON WINDOW CLOSE: the final rows of the groups whose window this batch's
         watermark closes (touched by the batch or not), each once, as inserts."""
         node, ctx = self.node, self.ctx
-        if ctx.watermark is None or ctx.watermark == ctx.watermark_before:
+        if not ctx.watermark_moved:
             return self.rows(table.limit(0), shape, "n")
         closes = node.closed_sql(ctx.watermark)
         if ctx.watermark_before is not None:

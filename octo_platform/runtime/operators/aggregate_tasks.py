@@ -37,8 +37,8 @@ from octo_platform.runtime.operators.aggregate_kernel import (
 from octo_platform.runtime.operators.arrow import arrow_schema
 from octo_platform.runtime.operators.context import BatchContext, bucket_sql
 from octo_platform.runtime.operators.tasks import (
-    by_bucket,
-    due_buckets,
+    Log,
+    bucket_logs,
     log_parts,
     read_bucket,
     stage_logs,
@@ -46,7 +46,7 @@ from octo_platform.runtime.operators.tasks import (
     tagged_schema,
     visits,
 )
-from octo_platform.runtime.state_log import StateFile, generation, with_batch
+from octo_platform.runtime.state_log import generation, with_batch
 from octo_platform.sqltext import quote
 
 if TYPE_CHECKING:
@@ -69,16 +69,14 @@ def run_aggregate(node: PAggregate, ctx: BatchContext, delta: DataFrame) -> Data
     schema = tagged_schema(_accumulators(shape, len(node.keys)), [
         with_batch(s) for s in [shape.state_schema, *shape.ms_schemas.values()]])
     args = list(dict.fromkeys([*node.keys, *[a.arg for a in node.aggs if a.arg]]))
-    logs = [by_bucket(ctx.state_log(t)) for t in tables]
-    due = [due_buckets(log) for log in logs]
-    task = _BucketTask(step, tables=[(ctx.state_path(t), log) for t, log in zip(tables, logs)],
-                       due=due, out=arrow_schema(schema),
+    logs, due = bucket_logs(ctx, tables)
+    task = _BucketTask(step, tables=logs, due=due, out=arrow_schema(schema),
                        reader=ctx.reader, marks=(ctx.watermark_before, ctx.watermark),
                        emit=node.emit_on_close)
     rows = delta.selectExpr(*[quote(c) for c in args], quote(WEIGHT),
                             f"{bucket_sql(node.keys, ctx.buckets)} AS {BUCKET}")
-    closing = node.emit_on_close and ctx.watermark not in (None, ctx.watermark_before)
     # Windows close in every bucket, touched or not; due compactions run in their bucket.
+    closing = node.emit_on_close and ctx.watermark_moved
     rows = visits(rows, WEIGHT, set(range(ctx.buckets)) if closing else set().union(*due))
     out = ctx.persist(rows.groupBy(BUCKET).applyInArrow(functools.partial(_run, task), schema))
     # Persisted as plain columns: the output's SQL over struct fields made Spark's optimizer
@@ -109,7 +107,7 @@ class _BucketTask:
     -> that bucket's tagged output (see the module docstring)."""
 
     step: AggregateStep
-    tables: list[tuple[str, dict[int, list[StateFile]]]]  # (path, files by bucket) per table
+    tables: list[Log]  # per state table
     due: list[set[int]]  # per table, the buckets whose log is due for compaction
     out: pa.Schema
     reader: Callable[[str, str], Any]

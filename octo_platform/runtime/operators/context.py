@@ -65,6 +65,11 @@ class BatchContext:
     # state_ttl: state rows written by this batch or earlier ones are expired.
     expired_through: int | None = None
 
+    @property
+    def watermark_moved(self) -> bool:
+        """This batch moves the table's watermark: windows may close."""
+        return self.watermark is not None and self.watermark != self.watermark_before
+
     def persist(self, df: DataFrame) -> DataFrame:
         df = df.persist()
         self.persisted.append(df)

@@ -95,12 +95,9 @@ class Join:
             parts += [self.unmatched(s, rows, counts, schemas) for s in sides]
         return reduce(lambda a, b: a.union(b), parts)
 
-    def row(self, s: str) -> list[str]:
-        """A side's rows as operators see them: its columns, weight and join keys."""
-        return [*self.names[s], f"_{s}w", *self.kcols(s)]
-
     def stored_names(self, s: str) -> list[str]:
-        """A side's stored row (``row``'s order): positional columns, ``_n``, the keys."""
+        """A side's stored row (``JoinStep.row``'s order): positional columns, ``_n``, the
+        keys."""
         return [*positional(self.names[s]), COUNT, *self.stored_keys(s)]
 
     def stored_keys(self, s: str) -> list[str]:
@@ -108,23 +105,23 @@ class Join:
         return [f"k{i}" for i in range(len(self.keys[s]))]
 
     def stored_schema(self, s: str, keyed: Any) -> Any:
-        """The stored schema of a side whose rows (``row``) have the Spark schema ``keyed``."""
+        """The stored schema of a side whose rows (``JoinStep.row``) have the Spark schema
+        ``keyed``."""
         from pyspark.sql.types import StructField, StructType
 
         return StructType([StructField(n, f.dataType)
                            for n, f in zip(self.stored_names(s), keyed.fields)])
 
     def side_state(self, s: str, delta: DataFrame) -> DataFrame:
-        """Side ``s``'s rows as the batch began (``row``); stages the batch's Δ (``delta``,
-        consolidated, with keys) for the side's log (and its compaction). The whole log is
-        read: this operator serves ``state_ttl`` and outer joins with a residual condition
-        (``join_tasks`` the others). With ``state_ttl`` each stored row carries the batch
-        that wrote it, and rows of expired batches are neither read nor kept."""
-        ctx = self.ctx
+        """Side ``s``'s rows as the batch began (``JoinStep.row``); stages the batch's Δ
+        (``delta``, consolidated, with keys) for the side's log (and its compaction). The
+        whole log is read: this operator serves ``state_ttl`` and outer joins with a residual
+        condition (``join_tasks`` the others). With ``state_ttl`` each stored row carries the
+        batch that wrote it, and rows of expired batches are neither read nor kept."""
+        ctx, row = self.ctx, self.step().row(s)
         table = self.node.side_table(self.SIDES[s])
         stored_schema = self.stored_schema(s, delta.schema)
-        store = [f"{quote(n) if i < len(self.names[s]) else n} AS {c}" for i, (n, c) in
-                 enumerate(zip(self.row(s), self.stored_names(s)))]
+        store = [f"{quote(n)} AS {c}" for n, c in zip(row, self.stored_names(s))]
         cut = ctx.expired_through if self.node.ttl_us else None
         if self.node.ttl_us:
             stored_schema = with_batch(stored_schema)
@@ -139,7 +136,7 @@ class Join:
             return rows.filter(f"{BATCH} > {cut}") if full and cut is not None else rows
 
         ctx.compact(table, merge, self.stored_keys(s))
-        return stored.selectExpr(*self.stored_names(s)).toDF(*self.row(s))
+        return stored.selectExpr(*self.stored_names(s)).toDF(*row)
 
     def affected_rows(self, old: dict[str, DataFrame], delta: dict[str, DataFrame]
                       ) -> dict[str, DataFrame]:

@@ -28,8 +28,8 @@ from octo_platform.runtime.operators.context import BatchContext, bucket_sql
 from octo_platform.runtime.operators.join import Join
 from octo_platform.runtime.operators.join_kernel import JoinStep, summed
 from octo_platform.runtime.operators.tasks import (
-    by_bucket,
-    due_buckets,
+    Log,
+    bucket_logs,
     log_parts,
     read_bucket,
     stage_logs,
@@ -37,7 +37,6 @@ from octo_platform.runtime.operators.tasks import (
     tagged_schema,
     visits,
 )
-from octo_platform.runtime.state_log import StateFile
 
 if TYPE_CHECKING:
     from pyspark.sql import DataFrame
@@ -60,13 +59,9 @@ def run_join(node: PJoin, ctx: BatchContext, ldelta: DataFrame, rdelta: DataFram
         return op.run(ldelta, rdelta)
     tables = [node.side_table(op.SIDES[s]) for s in "lr"]
     schema = tagged_schema(_output(op, keyed), [stored["l"], stored["r"]])
-    logs = [by_bucket(ctx.state_log(t)) for t in tables]
-    due = [due_buckets(log) for log in logs]
-    task = _JoinTask(op.step(), {s: op.stored_names(s) for s in "lr"},
-                     tables=[(ctx.state_path(t), log) for t, log in zip(tables, logs)],
-                     stored=[arrow_schema(stored[s]) for s in "lr"],
-                     due=due, out=arrow_schema(schema),
-                     reader=ctx.reader)
+    logs, due = bucket_logs(ctx, tables)
+    task = _JoinTask(op.step(), tables=logs, stored=[arrow_schema(stored[s]) for s in "lr"],
+                     due=due, out=arrow_schema(schema), reader=ctx.reader)
     # Stored names: PySpark resolves the co-grouped columns by name, and a user's may
     # hold a dot.
     sides = [keyed[s].toDF(*op.stored_names(s)).selectExpr(
@@ -98,8 +93,7 @@ class _JoinTask:
     bucket's batch rows of each side -> that bucket's tagged output."""
 
     step: JoinStep
-    names: dict[str, list[str]]  # per side, its stored columns (``Join.stored_names``)
-    tables: list[tuple[str, dict[int, list[StateFile]]]]  # (path, files by bucket) per side
+    tables: list[Log]  # per side
     stored: list[pa.Schema]  # per side, its log's schema
     due: list[set[int]]  # per side, the buckets whose log is due for compaction
     out: pa.Schema
@@ -119,7 +113,7 @@ class _JoinTask:
         parts = [(0, "o", out)]
         for j, (s, schema) in enumerate(zip("lr", self.stored)):
             def base(s=s, schema=schema) -> pa.Table:
-                return summed(old[s].rename_columns(self.names[s]), schema)
-            parts += log_parts(j, delta[s].rename_columns(self.names[s]).cast(schema),
+                return summed(old[s].rename_columns(schema.names), schema)
+            parts += log_parts(j, delta[s].rename_columns(schema.names).cast(schema),
                                files[s], bucket in self.due[j], base)
         return tagged(self.out, parts, bucket)

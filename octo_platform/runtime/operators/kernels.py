@@ -196,7 +196,7 @@ class AggregateKernel:
             lc.spark, lc.ctx.state_log(node.id), shape.state_schema, keys, alive=alive,
             keep_batch=True))
         marks = (lc.ctx.watermark_before, lc.ctx.watermark)
-        closing = node.emit_on_close and marks[1] not in (None, marks[0])
+        closing = node.emit_on_close and lc.ctx.watermark_moved
         if not delta.num_rows and (keys or before.num_rows) and not closing:  # no change
             return self.out_schema(shape).empty_table()
         ms_before = {i: lc.cached(node.multiset_table(i), lambda i=i: latest(
@@ -356,7 +356,7 @@ class JoinKernel:
         table = self.node.side_table(self.op.SIDES[s])
         stored = self.stored(s, keyed)
         return self.lc.cached(table, lambda: read_log(
-            self.lc.spark, self.lc.ctx.state_log(table), stored).toDF(*self.op.row(s)))
+            self.lc.spark, self.lc.ctx.state_log(table), stored).toDF(*self.step.row(s)))
 
     def stage(self, s: str, before: pa.Table, delta: pa.Table) -> None:
         """Stage the batch's rows of side ``s`` (``delta``, consolidated) for its log, and

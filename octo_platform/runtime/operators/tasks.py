@@ -24,24 +24,27 @@ if TYPE_CHECKING:
     from pyspark.sql import DataFrame
     from pyspark.sql.types import StructType
 
-__all__ = ["PART", "by_bucket", "due_buckets", "visits", "read_bucket", "tagged_schema",
+__all__ = ["PART", "Log", "bucket_logs", "visits", "read_bucket", "tagged_schema",
            "tagged", "log_parts", "stage_logs"]
 
 PART = "_part"
 Parts = list[tuple[int, str, pa.Table]]  # (part, struct column, rows)
 
 
-def by_bucket(files: list[StateFile]) -> dict[int, list[StateFile]]:
-    """A partitioned state log's files, by ``_bucket``."""
-    out: dict[int, list[StateFile]] = {}
-    for f in files:
-        out.setdefault(int(f["partition"][BUCKET]), []).append(f)
-    return out
+Log = tuple[str, dict[int, list[StateFile]]]  # a state table's path, its files by bucket
 
 
-def due_buckets(log: dict[int, list[StateFile]]) -> set[int]:
-    """The buckets whose files are due for compaction (``state_log.compaction``)."""
-    return {b for b, files in log.items() if compaction(files) is not None}
+def bucket_logs(ctx: BatchContext, tables: list[str]) -> tuple[list[Log], list[set[int]]]:
+    """Per state table (partitioned by ``_bucket``): its path and pinned files by bucket,
+    and the buckets whose files are due for compaction (``state_log.compaction``)."""
+    logs: list[Log] = []
+    for t in tables:
+        files: dict[int, list[StateFile]] = {}
+        for f in ctx.state_log(t):
+            files.setdefault(int(f["partition"][BUCKET]), []).append(f)
+        logs.append((ctx.state_path(t), files))
+    return logs, [{b for b, fs in files.items() if compaction(fs) is not None}
+                  for _, files in logs]
 
 
 def visits(rows: DataFrame, weight: str, buckets: set[int]) -> DataFrame:
