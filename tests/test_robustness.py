@@ -277,17 +277,19 @@ def test_a_batch_whose_spark_job_fails_is_retried_in_its_handler(spark, tmp_path
     monkeypatch.setattr(runner, "RETRY_BASE_S", 0.5)
     src, sql = make_project(tmp_path, 3, seed=31)
     sc = spark.sparkContext
-    first_done, finished = threading.Event(), threading.Event()
+    first_done, failed, finished = threading.Event(), threading.Event(), threading.Event()
     cancelled: list[int] = []
 
     def saboteur() -> None:
+        # Until a batch fails: a job cancelled as it completes fails nothing (a short job can
+        # finish between the poll and the cancel), so the next one is cancelled too.
         first_done.wait()
         first_job = None
-        while not finished.is_set() and not cancelled:
+        while not finished.is_set() and not failed.is_set():
             jobs = list(sc.statusTracker().getActiveJobsIds())
             if jobs and first_job is None:
                 first_job = min(jobs)
-            if any(j > first_job for j in jobs):
+            if any(j > first_job for j in jobs) and max(jobs) not in cancelled:
                 sc.cancelAllJobs()
                 cancelled.append(max(jobs))
             time.sleep(0.005)
@@ -295,6 +297,8 @@ def test_a_batch_whose_spark_job_fails_is_retried_in_its_handler(spark, tmp_path
     def progress(line: str) -> None:
         if line.startswith("[per_k] batch 0:"):
             first_done.set()
+        if " failed (" in line:
+            failed.set()
 
     thread = threading.Thread(target=saboteur, daemon=True)
     thread.start()
