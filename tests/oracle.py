@@ -22,8 +22,8 @@ from sqlglot import exp
 
 from octo_platform.frontend.parser import SourceStmt, TableStmt, ViewStmt, parse_sql
 
-__all__ = ["norm", "replay", "batch_result", "check_changelog", "check_tables", "check_sink",
-           "check_rounds",
+__all__ = ["norm", "replay", "batch_result", "batch_results", "check_changelog", "check_tables",
+           "check_sink", "check_rounds",
            "RandomInput", "write_lines", "PATHS", "driver_rows"]
 
 # Where batches run (``runtime/driver.py``): every batch as Spark jobs, every batch the
@@ -196,9 +196,10 @@ def _sessions(query: exp.Expression) -> exp.Expression:
     return query
 
 
-def batch_result(spark, sql_text: str, inputs: dict[str, list[dict[str, Any]]],
-                 table: str) -> Counter:
-    """Run ``table``'s SELECT as a Spark batch query over ``inputs`` (rows per source)."""
+def batch_results(spark, sql_text: str, inputs: dict[str, list[dict[str, Any]]],
+                  tables: Any) -> dict[str, Counter]:
+    """Run each of ``tables``' SELECTs as a Spark batch query over ``inputs`` (rows per
+    source); the views are built once for all of them."""
     for stmt in parse_sql(sql_text):
         if isinstance(stmt, SourceStmt):
             ddl = ", ".join(f"`{c}` {t}" for c, t in stmt.columns)
@@ -206,7 +207,13 @@ def batch_result(spark, sql_text: str, inputs: dict[str, list[dict[str, Any]]],
             spark.createDataFrame(rows, ddl).createOrReplaceTempView(stmt.name)
         elif isinstance(stmt, (ViewStmt, TableStmt)):
             spark.sql(spark_sql(stmt.query)).createOrReplaceTempView(stmt.name)
-    return Counter(norm(tuple(r)) for r in spark.table(table).collect())
+    return {t: Counter(norm(tuple(r)) for r in spark.table(t).collect()) for t in tables}
+
+
+def batch_result(spark, sql_text: str, inputs: dict[str, list[dict[str, Any]]],
+                 table: str) -> Counter:
+    """Run ``table``'s SELECT as a Spark batch query over ``inputs`` (rows per source)."""
+    return batch_results(spark, sql_text, inputs, (table,))[table]
 
 
 def check_tables(spark, warehouse: str | Path, sql_text: str,
@@ -215,10 +222,10 @@ def check_tables(spark, warehouse: str | Path, sql_text: str,
     """Every table's replayed changelog equals its SELECT run as a batch query over
     ``inputs``, its current-state table equals the replay, and its changelog keeps the
     contract (``keyed``: table name -> has a primary key)."""
+    results = batch_results(spark, sql_text, inputs, keyed)
     for name, pk in keyed.items():
-        expected = batch_result(spark, sql_text, inputs, name)
         got = replay(warehouse, name)
-        assert got == expected, f"round {round_no}, {name}: replay != batch SQL"
+        assert got == results[name], f"round {round_no}, {name}: replay != batch SQL"
         assert current(warehouse, name) == got, f"{name}: current != replay"
         check_changelog(warehouse, name, pk=pk)
 

@@ -14,8 +14,8 @@ from deltalake import DeltaTable
 
 from octo_platform.runtime.runner import run_tables
 from octo_platform.wiring import default_options
-from tests.oracle import RandomInput, batch_result, current, norm, replay, write_lines
-from tests.processes import mid_run, run_killing
+from tests.oracle import RandomInput, batch_results, current, norm, replay, write_lines
+from tests.processes import mid_run, octo_run, run_killing
 
 SQL = """
 CREATE SOURCE src ({ddl}) WITH (connector = 'files', path = 'data/src', format = '{fmt}',
@@ -62,8 +62,7 @@ def test_sigkill_at_random_moments_loses_and_doubles_nothing(spark, tmp_path):
 
     rng = random.Random(7)
     env = {**os.environ, "PYSPARK_PYTHON": sys.executable}
-    cmd = [sys.executable, "-m", "octo_platform.cli", "run", "--all", "--until-idle",
-           "--project", str(crashed)]
+    cmd = octo_run(crashed)
 
     log = tmp_path / "runs.log"
     until = mid_run(log, rng, batches=(1, 3), delay=1.0)
@@ -76,9 +75,9 @@ def test_sigkill_at_random_moments_loses_and_doubles_nothing(spark, tmp_path):
         assert dead_letters(crashed / "warehouse", table) == \
             dead_letters(reference / "warehouse", table)
     sql = (crashed / "sql" / "t.sql").read_text()
+    want = batch_results(spark, sql, {"src": src.relation()}, TABLES)
     for table in TABLES:
-        assert replay(crashed / "warehouse", table) == \
-            batch_result(spark, sql, {"src": src.relation()}, table)
+        assert replay(crashed / "warehouse", table) == want[table]
 
 
 def test_a_stalled_query_is_restarted_and_resumes_exactly_once(spark, tmp_path, monkeypatch):
@@ -105,9 +104,9 @@ def test_a_stalled_query_is_restarted_and_resumes_exactly_once(spark, tmp_path, 
     run_tables(spark, tmp_path, options=default_options(progress=said.append), until_idle=True)
     assert len(stalls) == 1 and any("restarting it (it resumes exactly once)" in m for m in said)
     sql = (tmp_path / "sql" / "t.sql").read_text()
+    want = batch_results(spark, sql, {"src": src.relation()}, TABLES)
     for table in TABLES:
-        assert replay(tmp_path / "warehouse", table) == \
-            batch_result(spark, sql, {"src": src.relation()}, table)
+        assert replay(tmp_path / "warehouse", table) == want[table]
     assert {b for *_, b in events(tmp_path / "warehouse", "per_k")} == {0, 1, 2}  # per file
 
 
@@ -141,8 +140,7 @@ def test_sigkill_with_event_time_loses_and_doubles_nothing(spark, tmp_path):
 
     rng = random.Random(11)
     env = {**os.environ, "PYSPARK_PYTHON": sys.executable}
-    cmd = [sys.executable, "-m", "octo_platform.cli", "run", "--all", "--until-idle",
-           "--project", str(crashed)]
+    cmd = octo_run(crashed)
 
     log = tmp_path / "runs.log"
     until = mid_run(log, rng, batches=(1, 3), delay=1.0)

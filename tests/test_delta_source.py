@@ -16,7 +16,7 @@ from octo_platform.errors import RunError, SqlError
 from octo_platform.project import load_project
 from octo_platform.runtime.runner import run_tables
 from octo_platform.wiring import default_options
-from tests.oracle import batch_result, check_changelog, current, replay, write_lines
+from tests.oracle import batch_results, check_changelog, current, replay, write_lines
 
 TABLES = {
     "enriched": """SELECT f.id, f.k, d.name, f.amount * d.tier AS score
@@ -67,10 +67,10 @@ def make_project(root: Path, sql: str) -> None:
 
 def check_tables(spark, root: Path, sql: str, inputs: dict, tables, label: str) -> None:
     project = load_project(root)
+    expected = batch_results(spark, sql, inputs, tables)
     for name in tables:
-        expected = batch_result(spark, sql, inputs, name)
         got = replay(root / "warehouse", name)
-        assert got == expected, f"{label}, {name}: replay != batch SQL"
+        assert got == expected[name], f"{label}, {name}: replay != batch SQL"
         assert current(root / "warehouse", name) == got, f"{label}, {name}: current != replay"
         check_changelog(root / "warehouse", name, pk=project.table(name).physical.pk is not None)
 

@@ -260,11 +260,9 @@ def test_runs_killed_mid_way_read_each_offset_once(spark, tmp_path):
     """SIGKILLed runs (some while a sink publishes) resume from the logged offset ranges:
     the replayed changelog equals the batch query over every message, so nothing was lost
     or read twice; the sink's topic holds each change event once, in order per key."""
-    import sys
-
     from tests.kafka_broker import read_topic
     from tests.oracle import batch_result, check_changelog, check_sink, current, replay
-    from tests.processes import mid_run, run_killing
+    from tests.processes import mid_run, octo_run, run_killing
 
     rng = random.Random(11)
     with tansu() as address:
@@ -285,8 +283,7 @@ def test_runs_killed_mid_way_read_each_offset_once(spark, tmp_path):
         for line in src.lines(200):
             rid = _row_id(line)
             producer.send("cdc", rid % 3, line, key=str(rid))
-        cmd = [sys.executable, "-m", "octo_platform.cli", "run", "--all", "--until-idle",
-               "--project", str(tmp_path)]
+        cmd = octo_run(tmp_path)
         log = tmp_path / "runs.log"
         # a random moment after the run's first committed batch (its sinks publish right after it)
         until = mid_run(log, rng)
