@@ -340,7 +340,10 @@ def test_dagster_dev_serves_the_graph_and_materializes_through_graphql(tmp_path,
             assert time.monotonic() < deadline, tail(log)
             time.sleep(0.3)
         (jvm,) = jvms()
-        worker = int(Path(f"/proc/{jvm}/stat").read_text().rsplit(")", 1)[1].split()[2])
+        # the JVM's parent (after the name in its stat: state, ppid, pgrp, ...) is the run
+        # worker, a process the code server spawned
+        worker = int(Path(f"/proc/{jvm}/stat").read_text().rsplit(")", 1)[1].split()[1])
+        assert worker != proc.pid and "spawn_main" in Path(f"/proc/{worker}/cmdline").read_text()
         for pid in (worker, jvm):  # the run worker and its Spark driver, at once
             os.kill(pid, signal.SIGKILL)
         retry = wait_for_retry(url, killed_id, log)
