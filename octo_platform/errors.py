@@ -3,7 +3,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-__all__ = ["OctoError", "Location", "SqlError", "PlanError", "CatalogError", "RunError"]
+__all__ = ["OctoError", "Location", "SqlError", "PlanError", "CatalogError", "RunError",
+           "SessionError"]
 
 
 class OctoError(Exception):
@@ -48,3 +49,7 @@ class CatalogError(OctoError):
 
 class RunError(OctoError):
     """A failure while running a streaming table (IO, state mismatch, lock held, ...)."""
+
+
+class SessionError(OctoError):
+    """Spark's JVM did not start (e.g. Delta's jars could not be fetched)."""
