@@ -1,16 +1,18 @@
 """Typed, lazy Dagster resources: where Spark runs and where the warehouse lives.
 
-Both are plain configuration until used: ``SparkResource`` starts (or joins) a SparkSession
-on the first ``get_session()`` call, so loading the code location never starts a JVM.
+Both are plain configuration until used: ``SparkResource`` (dagster-pyspark's resource)
+starts (or joins) a SparkSession on first use, so loading the code location never starts a
+JVM.
 Environments pick their values once, in ``orchestration/definitions.py``.
 """
 from __future__ import annotations
 
 from pathlib import Path
-from typing import TYPE_CHECKING, Callable, Optional
+from typing import TYPE_CHECKING, Any, Callable, Optional
 
 import dagster as dg
-from pydantic import Field, PrivateAttr
+from dagster_pyspark import PySparkResource
+from pydantic import Field
 
 if TYPE_CHECKING:
     from pyspark.sql import SparkSession
@@ -20,16 +22,22 @@ if TYPE_CHECKING:
 __all__ = ["SparkResource", "WarehouseResource"]
 
 
-class SparkResource(dg.ConfigurableResource):
-    """A SparkSession built on first use through ``octo_platform.runtime.session``.
+class SparkResource(PySparkResource):
+    """dagster-pyspark's ``PySparkResource``, its session built on first use through
+    ``octo_platform.runtime.session`` (octo's defaults, Delta Lake included).
 
     Settings, weakest first: octo's defaults, ``$SPARK_CONF_DIR/spark-defaults.conf`` of the
-    process that builds the session (the run worker), then ``conf`` and ``master`` — the same
-    order as ``octo run --conf``. If a session already runs in this process (a test's, a
-    notebook's), it is the one used: Spark has one session per JVM, and ``spark_session``
-    gets or creates it.
+    process that builds the session (the run worker), then ``spark_config`` (the parent
+    resource's field), ``conf`` and ``master`` — the same order as ``octo run --conf``. The
+    session is started lazily (``get_session()``, or the parent's ``spark_session`` and
+    ``spark_context``), not when a run sets its resources up, so a step that needs no Spark
+    starts no JVM. If a session already runs in this process (a test's, a notebook's), it
+    is the one used: Spark has one session per JVM, and ``spark_session`` gets or creates it.
     """
 
+    spark_config: dict[str, Any] = Field(
+        default_factory=dict,
+        description="Spark settings as PySparkResource takes them; beaten by conf")
     master: Optional[str] = Field(
         default=None, description="Spark master URL (default: spark.master of "
         "spark-defaults.conf, else local[2])")
@@ -37,14 +45,28 @@ class SparkResource(dg.ConfigurableResource):
         default_factory=dict,
         description="Spark settings; they beat spark-defaults.conf, which beats octo's "
         "defaults (e.g. spark.driver.memory)")
-    _session: Optional[SparkSession] = PrivateAttr(default=None)
+
+    def setup_for_execution(self, context: dg.InitResourceContext) -> None:
+        pass  # lazy: the JVM starts on first use
+
+    def settings(self) -> dict[str, str]:
+        """The resource's Spark settings: ``spark_config``, then ``conf`` over it."""
+        return {**{k: str(v) for k, v in self.spark_config.items()}, **self.conf}
 
     def get_session(self) -> SparkSession:
-        if self._session is None:
+        if self._spark_session is None:
             from octo_platform.runtime.session import spark_session
 
-            self._session = spark_session(master=self.master, conf=dict(self.conf))
-        return self._session
+            self._spark_session = spark_session(master=self.master, conf=self.settings())
+        return self._spark_session
+
+    @property
+    def spark_session(self) -> SparkSession:
+        return self.get_session()
+
+    @property
+    def spark_context(self) -> Any:
+        return self.get_session().sparkContext
 
 
 class WarehouseResource(dg.ConfigurableResource):

@@ -6,6 +6,7 @@ from pathlib import Path
 
 import dagster as dg
 import pytest
+from dagster_pyspark import PySparkResource
 
 from octo_platform.project import load_project
 from orchestration.definitions import REPO_ROOT, build_definitions, defs, resources_from_env
@@ -143,6 +144,10 @@ def test_resources_are_chosen_from_the_environment(tmp_path):
     assert got["warehouse"].location(tmp_path) == "s3://bucket/wh"
     assert got["spark"].master == "spark://h:7077" and got["spark"].conf == {}
     assert WarehouseResource().location(tmp_path) == str(tmp_path.resolve() / "warehouse")
+    # dagster-pyspark's resource, its spark_config beaten by conf
+    spark = SparkResource(spark_config={"spark.a": 1, "spark.b": "x"}, conf={"spark.b": "y"})
+    assert isinstance(spark, PySparkResource)
+    assert spark.settings() == {"spark.a": "1", "spark.b": "y"}
     from octo_platform.runtime.driver import DEFAULT_DRIVER_ROWS
 
     assert WarehouseResource().options(tmp_path).driver_rows == DEFAULT_DRIVER_ROWS
@@ -197,6 +202,7 @@ def test_materialize_chain_twice_processes_only_new_input(spark, chain: Path):
     resources = {"spark": SparkResource(),  # joins the test's session
                  "warehouse": WarehouseResource(path=str(warehouse))}
     assert resources["spark"].get_session() is spark
+    assert resources["spark"].spark_session is spark  # PySparkResource's own API
     instance = dg.DagsterInstance.ephemeral()
     data = RandomInput(seed=4, debezium=False)
     sql_text = CHAIN_SOURCE + PER_KEY + BY_COUNT
