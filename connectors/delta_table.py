@@ -8,6 +8,12 @@ own: the change data feed where the table has it enabled (``insert`` / ``update_
 files (rows of removed files -1, rows of added files +1; rows a rewrite carries over cancel
 out when the pipeline consolidates). Declared columns are taken from the table by name
 (case-insensitive) and cast to the declared types.
+
+A table with deletion vectors or column mapping (which delta-rs's reader cannot read) is read
+by Spark's Delta reader instead, at the pinned versions (time travel): the snapshot, the
+change data feed where the table has it and no column was renamed or dropped between the two
+versions (Delta refuses that read), otherwise the difference of the two versions' rows
+(``EXCEPT ALL`` both ways: a read of both snapshots).
 """
 from __future__ import annotations
 
@@ -23,11 +29,18 @@ if TYPE_CHECKING:
 
     from octo_platform.runtime.environment import Store
 
-__all__ = ["DeltaSource"]
+__all__ = ["DeltaSource", "spark_reads"]
 
 FILE = "__octo_file"  # data file name, to give each row its file's weight and partition values
 CDF_WEIGHT = ("CASE WHEN _change_type IN ('insert', 'update_postimage') THEN 1 "
               "WHEN _change_type IN ('delete', 'update_preimage') THEN -1 END")
+
+
+def spark_reads(info: dict[str, Any]) -> bool:
+    """Whether the table's rows need Spark's Delta reader: deletion vectors or column
+    mapping, which delta-rs's reader does not apply."""
+    return (info["configuration"].get("delta.columnMapping.mode", "none") != "none"
+            or "deletionVectors" in info["reader_features"])
 
 
 @dataclass(frozen=True)
@@ -56,11 +69,6 @@ class DeltaSource:
                            f"{info['version']}, but {table!r} already read version {last_read}: "
                            f"the table was replaced. Run `octo reset {table}` to rebuild "
                            f"{table!r} from its current snapshot.")
-        mapping = info["configuration"].get("delta.columnMapping.mode", "none")
-        if mapping != "none" or "deletionVectors" in info["reader_features"]:
-            what = "column mapping" if mapping != "none" else "deletion vectors"
-            raise RunError(f"source {self.name!r}: the Delta table at {self.path} uses {what}, "
-                           "which the delta connector cannot read")
         names = {f.name.lower(): f.name for f in info["schema"]}
         missing = [c for c in self.columns if c.lower() not in names]
         if missing:
@@ -76,9 +84,12 @@ class DeltaSource:
             return self.empty(spark)
         start, end = got["from"], got["to"]
         info, names = self.check(table, end)
+        has_cdf = info["configuration"].get("delta.enableChangeDataFeed", "").lower() == "true"
+        if spark_reads(info):
+            rows = self.spark_changes(spark, info, names, start, end, has_cdf)
+            return self.inserts_only(rows, start, end, table) if self.append_only else rows
         cdf = None
-        if start is not None and info["configuration"].get(
-                "delta.enableChangeDataFeed", "").lower() == "true":
+        if start is not None and has_cdf:
             cdf = self.store.change_data(self.path, start, end)
         if cdf is not None:
             picked = cdf.select([*dict.fromkeys(names.values()), "_change_type"])
@@ -86,6 +97,28 @@ class DeltaSource:
         else:
             rows = self.files_diff(spark, info, names, start, end, table)
         return self.inserts_only(rows, start, end, table) if self.append_only else rows
+
+    def spark_changes(self, spark: SparkSession, info: dict[str, Any], names: dict[str, str],
+                      start: int | None, end: int, has_cdf: bool) -> DataFrame:
+        """Weighted rows between two versions, read by Spark's Delta reader."""
+        cols = [quote(c) for c in dict.fromkeys(names.values())]
+
+        def at(version: int) -> DataFrame:
+            return spark.read.format("delta").option("versionAsOf", version).load(self.path)
+
+        if start is None:
+            return self.weighted(at(end), names, "1")
+        before = self.store.table_info(self.path, start)
+        kept = before is not None and {f.name for f in before["schema"]} <= \
+            {f.name for f in info["schema"]}
+        if has_cdf and kept:
+            feed = (spark.read.format("delta").option("readChangeFeed", "true")
+                    .option("startingVersion", start + 1).option("endingVersion", end)
+                    .load(self.path))
+            return self.weighted(feed, names, CDF_WEIGHT)
+        old, new = at(start).selectExpr(*cols), at(end).selectExpr(*cols)
+        return self.weighted(new.exceptAll(old), names, "1").unionByName(
+            self.weighted(old.exceptAll(new), names, "-1"))
 
     def files_diff(self, spark: SparkSession, info: dict[str, Any], names: dict[str, str],
                    start: int | None, end: int, table: str) -> DataFrame:

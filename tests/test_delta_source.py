@@ -204,3 +204,52 @@ def test_delta_source_is_updating_and_keyed(tmp_path):
     make_project(tmp_path, project_sql("connector = 'delta', path = 'dim', primary_key = 'k'"))
     source = load_project(tmp_path).source("dim")
     assert (source.mode, source.pk) == ("updating", ("k",))
+
+
+@pytest.mark.parametrize("cdf", [False, True], ids=["versions-diff", "change-data-feed"])
+def test_deletion_vectors_and_column_mapping_are_read_by_spark(spark, tmp_path, cdf):
+    """A dimension written by delta-spark itself, with deletion vectors and column mapping on:
+    DELETE, UPDATE and MERGE leave deletion vectors, a column is renamed and one dropped (the
+    change data feed cannot be read across those, so that batch diffs the versions); after
+    every run (a restart) each table equals the SELECT over Spark's own read of the table."""
+    dim = tmp_path / "dim"
+    props = ("'delta.enableDeletionVectors' = 'true', 'delta.columnMapping.mode' = 'name'"
+             + (", 'delta.enableChangeDataFeed' = 'true'" if cdf else ""))
+    spark.sql(f"CREATE TABLE delta.`{dim}` (K BIGINT, Name STRING, tier INT, note STRING, "
+              f"junk STRING) USING delta TBLPROPERTIES ({props})")
+
+    def dml(sql: str) -> None:
+        spark.sql(sql.replace("DIM", f"delta.`{dim}`"))
+
+    dml("INSERT INTO DIM VALUES " + ", ".join(
+        f"({k}, '{'abcdefghij'[k % 10]}', {2 + k % 2}, 'x', 'j')" for k in range(1, 9)))
+    sql = project_sql("connector = 'delta', path = 'dim'")
+    make_project(tmp_path, sql)
+    facts = Facts(tmp_path)
+
+    def run(label: str) -> None:
+        assert run_tables(spark, tmp_path, options=default_options(buckets=4, progress=None),
+                          until_idle=True).batches
+        rows = [{"k": r["K"], "name": r["Name"], "tier": r["tier"]}
+                for r in spark.read.format("delta").load(str(dim)).collect()]
+        check_tables(spark, tmp_path, sql, {"facts": facts.rows, "dim": rows}, TABLES, label)
+
+    facts.add([0, 1, 2, 3, 5, 8])
+    run("snapshot")
+    dml("DELETE FROM DIM WHERE K = 3")
+    dml("UPDATE DIM SET Name = 'bee' WHERE K = 2")
+    run("delete and update")
+    dvs = spark.sql(f"DESCRIBE HISTORY delta.`{dim}`").filter("operation = 'DELETE'") \
+        .select("operationMetrics").first()[0]
+    assert int(dvs["numDeletionVectorsAdded"]) > 0, dvs  # the rows were not rewritten
+    spark.createDataFrame([(4, "dee", 1), (9, "nine", 3)], "K BIGINT, Name STRING, tier INT") \
+        .createOrReplaceTempView("changes")
+    dml("MERGE INTO DIM d USING changes c ON d.K = c.K WHEN MATCHED THEN UPDATE SET "
+        "d.tier = c.tier, d.Name = c.Name WHEN NOT MATCHED THEN INSERT (K, Name, tier) "
+        "VALUES (c.K, c.Name, c.tier)")
+    facts.add([4, 9, 9])
+    run("merge")
+    dml("ALTER TABLE DIM RENAME COLUMN note TO remark")
+    dml("ALTER TABLE DIM DROP COLUMN junk")
+    dml("UPDATE DIM SET tier = 5 WHERE K = 1")
+    run("rename and drop")
