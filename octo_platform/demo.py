@@ -237,4 +237,7 @@ try:
   python -c "import duckdb; from deltalake import DeltaTable; \\
 t = DeltaTable('{table}').to_pyarrow_dataset(); \\
 duckdb.sql('SELECT source.batch_id, op, before, after FROM t ORDER BY 1, 2').show()"
-  # or, with DuckDB's delta extension: SELECT * FROM delta_scan('{table}')""")
+  # or, with DuckDB's delta extension: SELECT * FROM delta_scan('{table}')
+  # or Spark's Delta reader, in the session octo builds (Delta Lake included):
+  python -c "from octo_platform.runtime.session import spark_session; \\
+spark_session().read.format('delta').load('{table}').show()\"""")
