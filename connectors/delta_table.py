@@ -86,7 +86,7 @@ class DeltaSource:
         info, names = self.check(table, end)
         has_cdf = info["configuration"].get("delta.enableChangeDataFeed", "").lower() == "true"
         if spark_reads(info):
-            rows = self.spark_changes(spark, info, names, start, end, has_cdf)
+            rows = self.spark_changes(spark, info, names, start, end, has_cdf, table)
             return self.inserts_only(rows, start, end, table) if self.append_only else rows
         cdf = None
         if start is not None and has_cdf:
@@ -99,7 +99,7 @@ class DeltaSource:
         return self.inserts_only(rows, start, end, table) if self.append_only else rows
 
     def spark_changes(self, spark: SparkSession, info: dict[str, Any], names: dict[str, str],
-                      start: int | None, end: int, has_cdf: bool) -> DataFrame:
+                      start: int | None, end: int, has_cdf: bool, table: str) -> DataFrame:
         """Weighted rows between two versions, read by Spark's Delta reader."""
         cols = [quote(c) for c in dict.fromkeys(names.values())]
 
@@ -109,9 +109,9 @@ class DeltaSource:
         if start is None:
             return self.weighted(at(end), names, "1")
         before = self.store.table_info(self.path, start)
-        kept = before is not None and {f.name for f in before["schema"]} <= \
-            {f.name for f in info["schema"]}
-        if has_cdf and kept:
+        if before is None:
+            raise self.gone(start, table)
+        if has_cdf and {f.name for f in before["schema"]} <= {f.name for f in info["schema"]}:
             feed = (spark.read.format("delta").option("readChangeFeed", "true")
                     .option("startingVersion", start + 1).option("endingVersion", end)
                     .load(self.path))

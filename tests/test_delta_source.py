@@ -253,3 +253,26 @@ def test_deletion_vectors_and_column_mapping_are_read_by_spark(spark, tmp_path, 
     dml("ALTER TABLE DIM DROP COLUMN junk")
     dml("UPDATE DIM SET tier = 5 WHERE K = 1")
     run("rename and drop")
+
+
+def test_a_spark_read_table_whose_log_was_cleaned_asks_for_a_reset(spark, tmp_path):
+    """The Spark-read path checks the version it resumes from: once the log of that version
+    is gone (cleaned up after a checkpoint), the run asks for `octo reset`."""
+    dim = tmp_path / "dim"
+    spark.sql(f"CREATE TABLE delta.`{dim}` (K BIGINT, Name STRING, tier INT) USING delta "
+              "TBLPROPERTIES ('delta.enableDeletionVectors' = 'true', "
+              "'delta.checkpointInterval' = '2')")
+    spark.sql(f"INSERT INTO delta.`{dim}` VALUES (1, 'a', 2), (2, 'b', 3)")
+    tables = {"gold": TABLES["gold"]}
+    make_project(tmp_path, project_sql("connector = 'delta', path = 'dim'", tables))
+    run_tables(spark, tmp_path, options=default_options(buckets=4, progress=None), until_idle=True)
+    for k in (3, 4, 5):
+        spark.sql(f"INSERT INTO delta.`{dim}` VALUES ({k}, 'c', 2)")
+    spark.sql(f"DELETE FROM delta.`{dim}` WHERE K = 1")
+    log = dim / "_delta_log"
+    assert list(log.glob("*.checkpoint.parquet"))
+    for version in (0, 1):  # the versions the first run read, gone from the log
+        (log / f"{version:020d}.json").unlink()
+    with pytest.raises(RunError, match=r"vacuumed.*octo reset gold"):
+        run_tables(spark, tmp_path, options=default_options(buckets=4, progress=None),
+                   until_idle=True)
