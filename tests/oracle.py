@@ -22,7 +22,7 @@ from sqlglot import exp
 
 from octo_platform.frontend.parser import SourceStmt, TableStmt, ViewStmt, parse_sql
 
-__all__ = ["norm", "replay", "batch_result", "batch_results", "check_changelog", "check_tables",
+__all__ = ["norm", "event_identity", "replay", "batch_result", "batch_results", "check_changelog", "check_tables",
            "check_sink", "check_rounds",
            "RandomInput", "write_lines", "PATHS", "driver_rows"]
 
@@ -90,6 +90,11 @@ def norm(value: Any) -> Any:
         # Delta (via Arrow) gives UTC-aware timestamps, Spark's collect() naive ones (UTC).
         return value.astimezone(timezone.utc).replace(tzinfo=None)
     return value
+
+
+def event_identity(e: dict[str, Any]) -> tuple:
+    """A change event as (batch, op, before, after), values normalized (``norm``)."""
+    return (e["source"]["batch_id"], e["op"], norm(e["before"]), norm(e["after"]))
 
 
 def changelog_events(warehouse: str | Path, table: str) -> list[dict[str, Any]]:
@@ -240,11 +245,8 @@ def check_sink(messages: list[dict], warehouse: Path, table: str, key: tuple[str
     twice = [i for i, n in ids.items() if n > 1]
     assert not twice, f"{table}: published more than once: {twice[:5]}"
     events = [m for m in messages if m["value"] is not None]
-    got = Counter((json.loads(m["value"])["source"]["batch_id"], json.loads(m["value"])["op"],
-                   norm(json.loads(m["value"])["before"]), norm(json.loads(m["value"])["after"]))
-                  for m in events)
-    want = Counter((e["source"]["batch_id"], e["op"], norm(e["before"]), norm(e["after"]))
-                   for e in changelog_events(warehouse, table))
+    got = Counter(event_identity(json.loads(m["value"])) for m in events)
+    want = Counter(event_identity(e) for e in changelog_events(warehouse, table))
     assert got == want, f"{table}: the topic's events differ from the changelog"
     last: dict = {}  # per key (and partition): the last (batch, seq) seen
     alive: dict = {}  # replay by key

@@ -12,16 +12,14 @@ from collections import Counter
 from octo_platform.runtime.runner import run_tables
 from octo_platform.runtime.session import delta_package
 from octo_platform.wiring import default_options
-from tests.oracle import RandomInput, changelog_events, current, norm, write_lines
+from tests.oracle import RandomInput, changelog_events, current, event_identity, norm, \
+    write_lines
+from tests.processes import octo_run
 
 SQL = """CREATE SOURCE src ({ddl}) WITH (connector = 'files', path = 'data/src',
     format = 'debezium-json', primary_key = 'id');
 CREATE STREAMING TABLE per_k AS SELECT k, COUNT(*) AS n, SUM(v) AS total FROM src GROUP BY k;
 """
-
-
-def event_key(e) -> tuple:
-    return (e["source"]["batch_id"], e["op"], norm(e["before"]), norm(e["after"]))
 
 
 def test_spark_reads_octos_tables_as_delta(spark, tmp_path):
@@ -36,9 +34,9 @@ def test_spark_reads_octos_tables_as_delta(spark, tmp_path):
         run_tables(spark, tmp_path, options=default_options(progress=None), until_idle=True)
 
         # batch reads: Spark's Delta reader sees what delta-rs wrote
-        got = Counter(event_key(r.asDict(recursive=True))
+        got = Counter(event_identity(r.asDict(recursive=True))
                       for r in spark.read.format("delta").load(changelog).collect())
-        assert got == Counter(event_key(e) for e in changelog_events(warehouse, "per_k"))
+        assert got == Counter(event_identity(e) for e in changelog_events(warehouse, "per_k"))
         rows = spark.read.format("delta").load(str(warehouse / "_current" / "per_k"))
         assert Counter(norm(tuple(r)) for r in rows.drop("_bucket").collect()) == \
             current(warehouse, "per_k")
@@ -46,7 +44,7 @@ def test_spark_reads_octos_tables_as_delta(spark, tmp_path):
         # a stream over the changelog, restarted from its checkpoint: each event once
         query = (spark.readStream.format("delta").load(changelog).writeStream
                  .foreachBatch(lambda df, _: seen.update(
-                     event_key(r.asDict(recursive=True)) for r in df.collect()))
+                     event_identity(r.asDict(recursive=True)) for r in df.collect()))
                  .option("checkpointLocation", str(tmp_path / "checkpoint"))
                  .trigger(availableNow=True).start())
         query.awaitTermination(120)
@@ -66,8 +64,7 @@ def test_a_session_that_cannot_fetch_delta_says_how_to_give_it_the_jars(tmp_path
     env = {**os.environ, "PYSPARK_PYTHON": sys.executable,
            "XDG_CACHE_HOME": str(tmp_path / "cache")}  # no jars noted by an earlier session
     res = subprocess.run(
-        [sys.executable, "-m", "octo_platform.cli", "run", "--all", "--until-idle",
-         "--project", str(tmp_path), "--conf", f"spark.jars.ivySettings={settings}",
+        [*octo_run(tmp_path), "--conf", f"spark.jars.ivySettings={settings}",
          "--conf", f"spark.jars.ivy={tmp_path / 'ivy'}"],
         env=env, capture_output=True, text=True, timeout=300)
     assert res.returncode != 0
