@@ -30,8 +30,7 @@ import pyarrow.compute as pc
 from octo_platform.columns import BUCKET, WEIGHT
 from octo_platform.physical.plan import PAggregate, PhysicalPlan, PJoin, PSource, PStateless, PUnion
 from octo_platform.runtime.operators import BatchContext, apply_steps
-from octo_platform.runtime.operators.arrow import arrow_schema, concat, key_join, local_path, \
-    primitive, safe_keys
+from octo_platform.runtime.operators.arrow import arrow_schema, concat, primitive
 from octo_platform.runtime.operators.kernels import (
     AggregateKernel,
     JoinKernel,
@@ -42,12 +41,9 @@ from octo_platform.runtime.operators.kernels import (
 from octo_platform.runtime.operators.spark_hash import hashable, spark_hash, spark_pmod
 from octo_platform.runtime.driver_inputs import LocalInputs, read_local
 from octo_platform.runtime.inputs import read_inputs, set_watermarks, settle_inputs
-from octo_platform.runtime.sink import (
-    appends_current,
-    current_key,
-    event_bucket,
-    write_dead_letters,
-)
+from octo_platform.runtime.current import current_key, files_by_bucket, merge_current
+from octo_platform.runtime.operators.tasks import read_bucket
+from octo_platform.runtime.sink import appends_current, event_bucket, write_dead_letters
 from octo_platform.runtime.writes import LocalOutput, write_local
 from octo_platform.sqltext import quote, unquote
 
@@ -279,45 +275,14 @@ def current(pipe: TableRun, events: pa.Table, pinned: dict[str, int | None]) -> 
     new = pa.Table.from_struct_array(after["after"]).append_column(BUCKET, after[BUCKET])
     if appends_current(pipe, pinned):
         return LocalOutput("current", path, new, bucketed=True)
-    touched = set(events.column(BUCKET).to_pylist())
+    touched = sorted(set(events.column(BUCKET).to_pylist()))
     store, image = pipe.env.store, events.schema.field("after").type
-    files = store.files(path, pinned.get("current"), touched) if touched else []
-    old = [_bucket_rows(f, image) for f in files]
-    old_schema = pa.schema([*[pa.field(f.name, f.type) for f in image],
-                            pa.field(BUCKET, pa.int32())])
-    rows = concat(old, old_schema)
-    new = new.cast(old_schema)
-    plan = pipe.table.physical
-    if plan.keyed_changes:  # one event per key: replace the rows of the changed keys
-        keys = current_key(pipe)
-        changed = pa.Table.from_struct_array(pc.coalesce(events["after"], events["before"]))
-        ck, ccols = safe_keys(changed.select(keys), keys, "_c")
-        rk, rcols = safe_keys(rows, keys, "_r")
-        kept = key_join(rk, ck.select(ccols), rcols, ccols, "left anti").select(
-            old_schema.names)
-        out = concat([kept, new], old_schema)
-    else:  # a bag: add and remove rows by count
-        counts: Counter = Counter()
-        names = old_schema.names
-        for r in rows.to_pylist():
-            counts[tuple(r[c] for c in names)] += 1
-        for e in events.to_pylist():
-            if e["before"] is not None:
-                counts[(*e["before"].values(), e[BUCKET])] -= 1
-            if e["after"] is not None:
-                counts[(*e["after"].values(), e[BUCKET])] += 1
-        listed = [dict(zip(names, k)) for k, n in counts.items() for _ in range(max(n, 0))]
-        out = pa.Table.from_pylist(listed, old_schema)
-    return LocalOutput("current", path, out, bucketed=True, replace=touched)
-
-
-def _bucket_rows(uri: str, image: pa.StructType) -> pa.Table:
-    """A current-state file's rows with its ``_bucket`` (from its partition directory)."""
-    import pyarrow.parquet as pq
-
-    local = local_path(uri)
-    if local is None:
-        raise Unsupported("a remote warehouse")
-    rows = pq.read_table(local).cast(pa.schema(list(image)))
-    bucket = int(local.split(f"{BUCKET}=")[1].split("/")[0])
-    return rows.append_column(BUCKET, pa.array([bucket] * rows.num_rows, pa.int32()))
+    schema = pa.schema(list(image))
+    keyed, keys = pipe.table.physical.keyed_changes, current_key(pipe)
+    files, parts = files_by_bucket(store, path, pinned.get("current")), []
+    for b in touched:  # each bucket as the Spark path's tasks do it
+        old = read_bucket(store.reader(), path, files.get(b, []), schema)
+        rows = merge_current(old, events.filter(pc.equal(events[BUCKET], b)), keys, keyed)
+        parts.append(rows.append_column(BUCKET, pa.array([b] * rows.num_rows, pa.int32())))
+    out = concat(parts, schema.append(pa.field(BUCKET, pa.int32())))
+    return LocalOutput("current", path, out, bucketed=True, replace=set(touched))

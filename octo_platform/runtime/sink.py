@@ -1,14 +1,17 @@
 """The changelog sink: a batch's Δ encoded as Debezium change events, written with the
-operators' state in one Spark job; then the current-state buckets the events fall in
-rewritten; and the batch's dead letters appended."""
+operators' state and the current-state buckets the events fall in (``current.py``) in one
+Spark job (a table whose columns that kernel does not cover, or a resumed attempt, rewrites
+the buckets in a second job: ``update_current``); and the batch's dead letters appended."""
 from __future__ import annotations
 
 from functools import reduce
 from typing import TYPE_CHECKING
 
 from octo_platform.columns import BUCKET, WEIGHT
+from octo_platform.runtime.current import current_key, current_output, kernel_covers
 from octo_platform.runtime.metrics import metrics, observe
 from octo_platform.runtime.operators import BatchContext, bucket_sql, consolidate
+from octo_platform.runtime.operators.arrow import arrow_schema
 from octo_platform.runtime.writes import Output, Written, write_outputs
 from octo_platform.sqltext import quote, sql_expr
 
@@ -41,10 +44,13 @@ def encode(pipe: TableRun, ctx: BatchContext, delta: DataFrame, ts_ms: int,
             consolidate(delta, [quote(c) for c in columns]), columns, plan.pk,
             table=pipe.name, batch=ctx.batch, ts_ms=ts_ms)
     events = events.selectExpr("*", f"{event_bucket(pipe)} AS {_CB}")
-    appended = appends_current(pipe, pinned)
-    if appended:  # written twice: to the changelog and to the current state
-        events = ctx.persist(events)
-    return Events(events, appended)
+    if appends_current(pipe, pinned):  # written twice: to the changelog and the current state
+        return Events(ctx.persist(events), appended=True)
+    if not kernel_covers(pipe, arrow_schema(events.schema["after"].dataType)):
+        return Events(events)
+    # The write job reads the events twice: for the changelog and for the current state.
+    events = ctx.persist(events)
+    return Events(events, current=current_output(pipe, events, _CB, pinned))
 
 
 def restarted(pipe: TableRun, delta: DataFrame, pinned: dict[str, int | None]) -> DataFrame:
@@ -69,11 +75,6 @@ def restarted(pipe: TableRun, delta: DataFrame, pinned: dict[str, int | None]) -
     return delta.unionByName(old)
 
 
-def current_key(pipe: TableRun) -> list[str]:
-    plan = pipe.table.physical
-    return list(plan.pk) if plan.pk is not None else list(plan.root.columns)
-
-
 def event_bucket(pipe: TableRun) -> str:
     """SQL of a change event's bucket in the current-state table (as ``bucket_sql``)."""
     key = current_key(pipe)
@@ -96,6 +97,8 @@ def write_batch(pipe: TableRun, ctx: BatchContext, events: Events,
                for w in ctx.writes
                if w.buckets != [] or pinned.get(f"state/{w.table}") is None]
     outputs.append(Output("changelog", lay.changelog(pipe.name), events.rows, report=_CB))
+    if events.current is not None and not resumed:  # else ``update_current`` finds them
+        outputs.append(events.current)
     if events.appended:
         outputs.append(Output("current", lay.current(pipe.name), events.unobserved.selectExpr(
             "after.*", f"{_CB} AS {BUCKET}"), bucketed=True))
@@ -180,9 +183,11 @@ class Events:
 
     EXPRS = tuple(f"count_if(op = '{op}') AS {op}" for op in ("c", "u", "d"))
 
-    def __init__(self, events: DataFrame, appended: bool = False) -> None:
+    def __init__(self, events: DataFrame, appended: bool = False,
+                 current: Output | None = None) -> None:
         self.unobserved = events
         self.appended = appended  # the write job appends them to the current state too
+        self.current = current  # the write job's current-state output (``current.py``)
         self.rows, self.observation = observe(events, *self.EXPRS)
 
     def counts(self) -> dict[str, int]:

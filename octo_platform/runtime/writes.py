@@ -42,7 +42,10 @@ class Output:
     to append; ``remove``: files
     (relative paths) the commit removes too; ``prefix`` starts the new files' names;
     ``report``: an INT column of ``frame`` that is not written, whose distinct values
-    ``write_outputs`` reports. Outputs with the same ``key`` go to one commit."""
+    ``write_outputs`` reports; ``replace_reported``: the commit removes the files of the
+    buckets output ``replace_reported`` reported (and is skipped when that is none and the
+    output wrote nothing, the table existing). Outputs with the same ``key`` go to one
+    commit."""
 
     key: str
     path: str
@@ -52,6 +55,7 @@ class Output:
     remove: tuple[str, ...] = ()
     prefix: str = "part"
     report: str | None = None
+    replace_reported: str | None = None
 
 
 @dataclass
@@ -93,14 +97,22 @@ def write_outputs(outputs: list[Output], *, batch: int, store: Store,
     tasks = union.sparkSession.sparkContext.defaultParallelism
     files = union.coalesce(tasks).mapInArrow(_writer(meta, store.opener()),
                                              _FILE_SCHEMA).collect()
-    for key in dict.fromkeys(o.key for o in todo):
+    keys = list(dict.fromkeys(o.key for o in todo))
+    for key in keys:
+        written.reported[key] = {t for f in files if todo[f.o].key == key for t in f.tags or ()}
+    for key in keys:
         mine = [i for i, o in enumerate(todo) if o.key == key]
         first = todo[mine[0]]
         added = [{"path": f.path, "size": f.size, "rows": f.rows,
                   "partition": {BUCKET: f.bucket} if first.bucketed else {}}
                  for f in files if f.o in mine]
-        written.reported[key] = {t for f in files if f.o in mine for t in f.tags or ()}
-        replaced = [todo[i].replace for i in mine if todo[i].replace is not None]
+        replaced = [todo[i].replace if todo[i].replace_reported is None
+                    else written.reported[todo[i].replace_reported] for i in mine
+                    if todo[i].replace is not None or todo[i].replace_reported is not None]
+        if first.replace_reported is not None and not added and not any(replaced) \
+                and (version := store.version(first.path)) is not None:
+            written.versions[key] = version  # nothing changed: no commit
+            continue
         schema = schemas[mine[0]]
         if first.report:
             schema = schema.remove(schema.get_field_index(first.report))

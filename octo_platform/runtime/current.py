@@ -1,0 +1,148 @@
+"""The current-state table's update as one Arrow kernel, run in two places.
+
+``merge_current`` applies one bucket's change events to that bucket's rows: with keys the
+query vouches for (``keyed_changes``: one event per key), the changed keys' rows are
+replaced by their after images; otherwise (a bag) rows are added and removed by count. The
+driver path runs it in the driver for each bucket a small batch touches
+(``driver.current``); the Spark path runs it in the batch's write job (``current_output``):
+the events are shuffled by their current-state bucket and each touched bucket's task reads
+that bucket's files (and nothing else) and returns its new rows, which the job writes
+beside the changelog. So a batch rewrites the buckets it touches, in Arrow, with no job of
+its own; a table whose columns the kernel does not cover keeps ``sink.update_current``'s
+separate Spark job.
+"""
+from __future__ import annotations
+
+import functools
+from collections import Counter
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any, Callable
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.compute as pc
+
+from octo_platform.columns import BUCKET, WEIGHT
+from octo_platform.runtime.operators.arrow import arrow_schema, concat, key_join, primitive, \
+    safe_keys
+from octo_platform.runtime.operators.tasks import read_bucket
+from octo_platform.runtime.writes import Output
+
+if TYPE_CHECKING:
+    from pyspark.sql import DataFrame
+
+    from octo_platform.runtime.environment import Store
+    from octo_platform.runtime.table_run import TableRun
+
+__all__ = ["merge_current", "current_output", "kernel_covers", "current_key", "files_by_bucket"]
+
+
+def _groupable(t: pa.DataType) -> bool:
+    """Types Arrow groups as Spark does (floats are not: Spark folds -0.0 and NaNs)."""
+    return primitive(t) and not pa.types.is_floating(t)
+
+
+def merge_current(old: pa.Table, events: pa.Table, keys: list[str], keyed: bool
+                  ) -> pa.Table:
+    """One bucket's current-state rows (``old``, the image's columns) after its change
+    ``events`` (``before`` / ``after`` images): ``keyed``, the rows of the changed
+    ``keys`` replaced; otherwise added and removed by count."""
+    schema = old.schema
+    after = events.filter(pc.is_valid(events["after"]))
+    new = pa.Table.from_struct_array(after["after"]).cast(schema)
+    if keyed:
+        changed = pa.Table.from_struct_array(pc.coalesce(events["after"], events["before"]))
+        ck, ccols = safe_keys(changed.select(keys), keys, "_c")
+        ok, ocols = safe_keys(old, keys, "_o")
+        kept = key_join(ok, ck.select(ccols), ocols, ccols, "left anti")
+        return concat([kept, new], schema)
+    before = events.filter(pc.is_valid(events["before"]))
+    gone = pa.Table.from_struct_array(before["before"]).cast(schema)
+    if not all(_groupable(f.type) for f in schema):
+        return _bag_in_python(old, gone, new)
+    parts = [t.append_column(WEIGHT, pa.array(np.full(t.num_rows, w, np.int64)))
+             for t, w in ((old, 1), (gone, -1), (new, 1))]
+    counts = pa.concat_tables(parts).group_by(schema.names, use_threads=False).aggregate(
+        [(WEIGHT, "sum")])
+    weights = counts[f"{WEIGHT}_sum"].to_numpy()
+    kept = np.flatnonzero(weights > 0)
+    rows = counts.select(schema.names).take(np.repeat(kept, weights[kept]))
+    return rows.cast(schema)
+
+
+def _bag_in_python(old: pa.Table, gone: pa.Table, new: pa.Table) -> pa.Table:
+    """``merge_current`` of a bag whose columns Arrow cannot group (floats; the driver path
+    only: ``current_output`` leaves such tables to Spark)."""
+    counts: Counter = Counter()
+    names = old.schema.names
+    for table, w in ((old, 1), (gone, -1), (new, 1)):
+        for r in table.to_pylist():
+            counts[tuple(r[c] for c in names)] += w
+    listed = [dict(zip(names, k)) for k, n in counts.items() for _ in range(max(n, 0))]
+    return pa.Table.from_pylist(listed, old.schema)
+
+
+def kernel_covers(pipe: TableRun, image: pa.Schema) -> bool:
+    """Whether ``current_output`` covers the table (rows of columns ``image``): Arrow
+    groups its key columns (or, for a bag, every column) as Spark does."""
+    keys = current_key(pipe)
+    covered = [image.field(k) for k in keys] if pipe.table.physical.keyed_changes \
+        else list(image)
+    return all(_groupable(f.type) for f in covered)
+
+
+def current_key(pipe: TableRun) -> list[str]:
+    """The columns that identify a current-state row: the primary key, else all."""
+    plan = pipe.table.physical
+    return list(plan.pk) if plan.pk is not None else list(plan.root.columns)
+
+
+def current_output(pipe: TableRun, events: DataFrame, bucket: str,
+                   pinned: dict[str, int | None]) -> Output:
+    """The write job's output of the current-state buckets the change ``events`` fall in
+    (column ``bucket``), by ``merge_current`` in one task per touched bucket (where
+    ``kernel_covers`` the table)."""
+    from pyspark.sql.types import IntegerType, StructField, StructType
+
+    keyed, keys = pipe.table.physical.keyed_changes, current_key(pipe)
+    image_type = events.schema["after"].dataType
+    image = arrow_schema(image_type)
+    store, path = pipe.env.store, pipe.layout.current(pipe.name)
+    task = _BucketTask(path, files_by_bucket(store, path, pinned.get("current")), image, keys,
+                       keyed, store.reader())
+    out = StructType([*[StructField(f.name, f.dataType) for f in image_type.fields],
+                      StructField(BUCKET, IntegerType())])
+    rows = events.select("before", "after", bucket).groupBy(bucket).applyInArrow(
+        functools.partial(_run, task), out)
+    return Output("current", path, rows, bucketed=True, replace_reported="changelog")
+
+
+def files_by_bucket(store: Store, path: str, version: int | None) -> dict[int, list[Any]]:
+    """The data files of a table partitioned by ``_bucket``, at ``version``, by bucket."""
+    files: dict[int, list[Any]] = {}
+    for f in store.data_files(path, version):
+        files.setdefault(int(f["partition"][BUCKET]), []).append(f)
+    return files
+
+
+def _run(task, key, rows):  # no annotations: Spark would read them as the UDF's kind
+    return task.run(key, rows)
+
+
+@dataclass(frozen=True)
+class _BucketTask:
+    """The ``applyInArrow`` function (runs in Spark tasks): one bucket's change events ->
+    that bucket's new current-state rows (with ``_bucket``)."""
+
+    path: str
+    files: dict[int, list[Any]]  # the pinned snapshot's files, by bucket
+    image: pa.Schema
+    keys: list[str]
+    keyed: bool
+    reader: Callable[[str, str], Any]
+
+    def run(self, key: tuple, events: pa.Table) -> pa.Table:
+        bucket = key[0].as_py()
+        old = read_bucket(self.reader, self.path, self.files.get(bucket, []), self.image)
+        rows = merge_current(old, events, self.keys, self.keyed)
+        return rows.append_column(BUCKET, pa.array([bucket] * rows.num_rows, pa.int32()))
