@@ -14,6 +14,7 @@ separate Spark job.
 from __future__ import annotations
 
 import functools
+import uuid
 from collections import Counter
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Callable
@@ -26,7 +27,7 @@ from octo_platform.columns import BUCKET, WEIGHT
 from octo_platform.runtime.operators.arrow import arrow_schema, concat, key_join, primitive, \
     safe_keys
 from octo_platform.runtime.operators.tasks import read_bucket
-from octo_platform.runtime.writes import Output
+from octo_platform.runtime.writes import WRITTEN_SCHEMA, Output, file_token
 
 if TYPE_CHECKING:
     from pyspark.sql import DataFrame
@@ -97,24 +98,21 @@ def current_key(pipe: TableRun) -> list[str]:
     return list(plan.pk) if plan.pk is not None else list(plan.root.columns)
 
 
-def current_output(pipe: TableRun, events: DataFrame, bucket: str,
+def current_output(pipe: TableRun, events: DataFrame, bucket: str, batch: int,
                    pinned: dict[str, int | None]) -> Output:
     """The write job's output of the current-state buckets the change ``events`` fall in
-    (column ``bucket``), by ``merge_current`` in one task per touched bucket (where
-    ``kernel_covers`` the table)."""
-    from pyspark.sql.types import IntegerType, StructField, StructType
-
+    (column ``bucket``): one task per touched bucket runs ``merge_current`` and writes the
+    bucket's new file itself (where ``kernel_covers`` the table). Only the files' names
+    come back: the rows never pass through Spark's JVM."""
     keyed, keys = pipe.table.physical.keyed_changes, current_key(pipe)
-    image_type = events.schema["after"].dataType
-    image = arrow_schema(image_type)
+    image = arrow_schema(events.schema["after"].dataType)
     store, path = pipe.env.store, pipe.layout.current(pipe.name)
     task = _BucketTask(path, files_by_bucket(store, path, pinned.get("current")), image, keys,
-                       keyed, store.reader())
-    out = StructType([*[StructField(f.name, f.dataType) for f in image_type.fields],
-                      StructField(BUCKET, IntegerType())])
-    rows = events.select("before", "after", bucket).groupBy(bucket).applyInArrow(
-        functools.partial(_run, task), out)
-    return Output("current", path, rows, bucketed=True, replace_reported="changelog")
+                       keyed, store.reader(), store.opener(), file_token("part", batch))
+    files = events.select("before", "after", bucket).groupBy(bucket).applyInArrow(
+        functools.partial(_run, task), WRITTEN_SCHEMA)
+    return Output("current", path, files, bucketed=True, replace_reported="changelog",
+                  written=image.append(pa.field(BUCKET, pa.int32())))
 
 
 def files_by_bucket(store: Store, path: str, version: int | None) -> dict[int, list[Any]]:
@@ -132,7 +130,7 @@ def _run(task, key, rows):  # no annotations: Spark would read them as the UDF's
 @dataclass(frozen=True)
 class _BucketTask:
     """The ``applyInArrow`` function (runs in Spark tasks): one bucket's change events ->
-    that bucket's new current-state rows (with ``_bucket``)."""
+    that bucket's new current-state file, written here (``WRITTEN_SCHEMA``: its name)."""
 
     path: str
     files: dict[int, list[Any]]  # the pinned snapshot's files, by bucket
@@ -140,9 +138,24 @@ class _BucketTask:
     keys: list[str]
     keyed: bool
     reader: Callable[[str, str], Any]
+    opener: Callable[[str, str], Any]
+    token: str  # the start of the files' names (``writes.file_token``)
 
     def run(self, key: tuple, events: pa.Table) -> pa.Table:
+        import pyarrow.parquet as pq
+
         bucket = key[0].as_py()
         old = read_bucket(self.reader, self.path, self.files.get(bucket, []), self.image)
         rows = merge_current(old, events, self.keys, self.keyed)
-        return rows.append_column(BUCKET, pa.array([bucket] * rows.num_rows, pa.int32()))
+        written: dict[str, list] = {"path": [], "size": [], "rows": [], "bucket": [],
+                                    "tags": []}
+        if rows.num_rows:
+            rel = f"{BUCKET}={bucket}/{self.token}-{uuid.uuid4().hex[:8]}.parquet"
+            stream = self.opener(self.path, rel)
+            pq.write_table(rows, stream)
+            for k, v in zip(written, (rel, stream.tell(), rows.num_rows, bucket, [])):
+                written[k].append(v)
+            stream.close()
+        return pa.table(written, schema=pa.schema([
+            ("path", pa.string()), ("size", pa.int64()), ("rows", pa.int64()),
+            ("bucket", pa.int32()), ("tags", pa.list_(pa.int32()))]))

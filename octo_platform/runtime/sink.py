@@ -50,7 +50,7 @@ def encode(pipe: TableRun, ctx: BatchContext, delta: DataFrame, ts_ms: int,
         return Events(events)
     # The write job reads the events twice: for the changelog and for the current state.
     events = ctx.persist(events)
-    return Events(events, current=current_output(pipe, events, _CB, pinned))
+    return Events(events, current=current_output(pipe, events, _CB, ctx.batch, pinned))
 
 
 def restarted(pipe: TableRun, delta: DataFrame, pinned: dict[str, int | None]) -> DataFrame:

@@ -26,11 +26,15 @@ if TYPE_CHECKING:
     import pyarrow as pa
     from pyspark.sql import DataFrame
 
-__all__ = ["Output", "write_outputs", "file_batch", "LocalOutput", "write_local"]
+__all__ = ["Output", "write_outputs", "file_batch", "file_token", "LocalOutput", "write_local",
+           "WRITTEN_SCHEMA"]
 
 APP_ID = "octo"
 _FILE_BATCH = re.compile(r"-b(\d{8,})-")  # a written file's name: <prefix>-b<batch>-<ids>
-_FILE_SCHEMA = "o INT, path STRING, size BIGINT, rows BIGINT, bucket INT, tags ARRAY<INT>"
+# A file a task wrote: its path (relative to the table), size, rows, ``_bucket``, and the
+# distinct values of its output's ``report`` column; tagged with its output (``o``).
+WRITTEN_SCHEMA = "path STRING, size BIGINT, rows BIGINT, bucket INT, tags ARRAY<INT>"
+_FILE_SCHEMA = f"o INT, {WRITTEN_SCHEMA}"
 
 
 @dataclass(frozen=True)
@@ -44,8 +48,9 @@ class Output:
     ``report``: an INT column of ``frame`` that is not written, whose distinct values
     ``write_outputs`` reports; ``replace_reported``: the commit removes the files of the
     buckets output ``replace_reported`` reported (and is skipped when that is none and the
-    output wrote nothing, the table existing). Outputs with the same ``key`` go to one
-    commit."""
+    output wrote nothing, the table existing); ``written``: ``frame`` holds files its
+    tasks wrote into the table (``WRITTEN_SCHEMA``), not rows, and this is the table's
+    schema. Outputs with the same ``key`` go to one commit."""
 
     key: str
     path: str
@@ -56,6 +61,7 @@ class Output:
     prefix: str = "part"
     report: str | None = None
     replace_reported: str | None = None
+    written: pa.Schema | None = None
 
 
 @dataclass
@@ -83,20 +89,27 @@ def write_outputs(outputs: list[Output], *, batch: int, store: Store,
                       {o.key for o in todo})
     if not todo:
         return written
-    schemas = [to_arrow_schema(o.frame.schema, timezone="UTC") for o in todo]
+    schemas = [o.written if o.written is not None
+               else to_arrow_schema(o.frame.schema, timezone="UTC") for o in todo]
     # Output i's rows as a struct column o<i>; unionByName types the other outputs' columns
     # as nulls (one call per output: building the columns in Python cost ~1,000 JVM calls).
     tagged = [o.frame.selectExpr(f"CAST({i} AS INT) AS _o", "struct({}) AS o{}".format(
-        ", ".join(quote(c) for c in o.frame.columns), i)) for i, o in enumerate(todo)]
-    union = functools.reduce(
-        lambda a, b: a.unionByName(b, allowMissingColumns=True), tagged)
-    meta = [(o.path, o.bucketed, schemas[i], f"{o.prefix}-b{batch:08d}-{uuid.uuid4().hex[:8]}",
-             o.report) for i, o in enumerate(todo)]
-    # One write task per core, not one per output partition: a task's fixed cost (a Python
-    # worker's Arrow stream, its files) is what a small batch pays most for.
-    tasks = union.sparkSession.sparkContext.defaultParallelism
-    files = union.coalesce(tasks).mapInArrow(_writer(meta, store.opener()),
-                                             _FILE_SCHEMA).collect()
+        ", ".join(quote(c) for c in o.frame.columns), i)) for i, o in enumerate(todo)
+        if o.written is None]
+    meta = [(o.path, o.bucketed, schemas[i], file_token(o.prefix, batch), o.report)
+            for i, o in enumerate(todo)]
+    # Files the outputs' own tasks wrote, beside those the writer writes, in the same job.
+    jobs = [o.frame.selectExpr(f"CAST({i} AS INT) AS o", "*") for i, o in enumerate(todo)
+            if o.written is not None]
+    if tagged:
+        union = functools.reduce(
+            lambda a, b: a.unionByName(b, allowMissingColumns=True), tagged)
+        # One write task per core, not one per output partition: a task's fixed cost (a
+        # Python worker's Arrow stream, its files) is what a small batch pays most for.
+        tasks = union.sparkSession.sparkContext.defaultParallelism
+        jobs.insert(0, union.coalesce(tasks).mapInArrow(_writer(meta, store.opener()),
+                                                        _FILE_SCHEMA))
+    files = functools.reduce(lambda a, b: a.unionByName(b), jobs).collect()
     keys = list(dict.fromkeys(o.key for o in todo))
     for key in keys:
         written.reported[key] = {t for f in files if todo[f.o].key == key for t in f.tags or ()}
@@ -123,6 +136,11 @@ def write_outputs(outputs: list[Output], *, batch: int, store: Store,
             (set().union(*replaced) if replaced else None),
             remove=tuple(p for i in mine for p in todo[i].remove))
     return written
+
+
+def file_token(prefix: str, batch: int) -> str:
+    """The start of the names of an output's files written by batch ``batch``."""
+    return f"{prefix}-b{batch:08d}-{uuid.uuid4().hex[:8]}"
 
 
 def file_batch(path: str) -> int | None:
@@ -225,7 +243,7 @@ def write_local(outputs: list[LocalOutput], *, batch: int, store: Store) -> dict
         mine = [o for o in outputs if o.key == key]
         added: list[dict[str, Any]] = []
         for o in mine:
-            token = f"{o.prefix}-b{batch:08d}-{uuid.uuid4().hex[:8]}-d"
+            token = f"{file_token(o.prefix, batch)}-d"
             parts = [(None, o.table)]
             if o.bucketed:
                 buckets = o.table.column(BUCKET)
