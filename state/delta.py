@@ -21,10 +21,27 @@ from deltalake.fs import DeltaStorageHandler
 from deltalake.transaction import AddAction, RemoveAction, create_table_with_add_actions
 from pyarrow import fs
 
+from octo_platform.errors import RunError
+
 __all__ = ["DeltaStore", "DataFile"]
 
 DataFile = dict[str, Any]  # {"path": relative, "size": bytes, "rows": n, "partition": {...}}
 _SNAPSHOTS = 256  # snapshots' add actions kept per thread (DeltaStore._actions)
+
+
+def _check_sole_writer(path: str, dt: DeltaTable) -> None:
+    """Refuse to commit to one of octo's tables that another writer turned deletion vectors
+    or column mapping on for: delta-rs writes neither, and octo's own reads of the table's
+    files would not apply them."""
+    features = set(dt.protocol().reader_features or ())
+    mapping = dt.metadata().configuration.get("delta.columnMapping.mode", "none")
+    if "deletionVectors" in features or "columnMapping" in features or mapping != "none":
+        raise RunError(
+            f"the Delta table {path} has deletion vectors or column mapping turned on, which "
+            "another writer (e.g. Spark's ALTER TABLE, DELETE, UPDATE or MERGE) set up: octo "
+            "writes its tables with delta-rs alone, which writes neither, and cannot keep this "
+            "table exact. Do not write octo's tables with another writer; run `octo reset "
+            "<table>` to rebuild the streaming table (downstream tables: `octo refresh`).")
 
 
 def _open_output(storage_options: dict[str, str] | None, path: str,
@@ -206,6 +223,7 @@ class DeltaStore:
         the table already holds that batch. Batch data goes through ``commit`` instead."""
         dt = self._open(path)
         if dt is not None:
+            _check_sole_writer(path, dt)
             done = dt.transaction_version(app_id)
             if done is not None and int(done) >= batch:
                 return dt.version()
@@ -264,6 +282,7 @@ class DeltaStore:
         that does not exist is created (also with no files)."""
         dt = self._open(path)
         if dt is not None:
+            _check_sole_writer(path, dt)
             done = dt.transaction_version(app_id)
             if done is not None and int(done) >= batch:
                 return dt.version()

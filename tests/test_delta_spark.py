@@ -9,6 +9,9 @@ import subprocess
 import sys
 from collections import Counter
 
+import pytest
+
+from octo_platform.errors import RunError
 from octo_platform.runtime.runner import run_tables
 from octo_platform.runtime.session import delta_package
 from octo_platform.wiring import default_options
@@ -70,3 +73,21 @@ def test_a_session_that_cannot_fetch_delta_says_how_to_give_it_the_jars(tmp_path
     assert res.returncode != 0
     assert f"could not resolve {delta_package()}" in res.stderr, res.stderr[-3000:]
     assert "--conf spark.jars=" in res.stderr
+
+
+def test_a_table_another_writer_gave_deletion_vectors_is_refused(spark, tmp_path):
+    """octo's tables have one writer (delta-rs): a table another writer turned deletion
+    vectors on for, and deleted from, fails the next batch with what to do, instead of
+    being read without them."""
+    src = RandomInput(5, debezium=True)
+    (tmp_path / "sql").mkdir()
+    (tmp_path / "sql" / "t.sql").write_text(SQL.format(ddl=src.ddl()))
+    options = default_options(progress=None)
+    write_lines(tmp_path / "data" / "src", "f0.json", src.lines(20))
+    run_tables(spark, tmp_path, options=options, until_idle=True)
+    table = f"delta.`{tmp_path / 'warehouse' / '_current' / 'per_k'}`"
+    spark.sql(f"ALTER TABLE {table} SET TBLPROPERTIES ('delta.enableDeletionVectors' = true)")
+    spark.sql(f"DELETE FROM {table} WHERE k % 2 = 0")
+    write_lines(tmp_path / "data" / "src", "f1.json", src.lines(20))
+    with pytest.raises(RunError, match="deletion vectors or column mapping turned on"):
+        run_tables(spark, tmp_path, options=options, until_idle=True)

@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import functools
 import uuid
-from collections import Counter
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Callable
 
@@ -38,30 +37,37 @@ if TYPE_CHECKING:
 __all__ = ["merge_current", "current_output", "kernel_covers", "current_key", "files_by_bucket"]
 
 
-def _groupable(t: pa.DataType) -> bool:
-    """Types Arrow groups as Spark does (floats are not: Spark folds -0.0 and NaNs)."""
-    return primitive(t) and not pa.types.is_floating(t)
+def _normal(table: pa.Table) -> pa.Table:
+    """``table`` with its floating-point values as Spark groups and joins them: -0.0 as
+    0.0 and every NaN as one NaN (Spark's ``NormalizeFloatingNumbers``)."""
+    for i, f in enumerate(table.schema):
+        if pa.types.is_floating(f.type):
+            col = table.column(i)
+            zero, nan = pa.scalar(0.0, f.type), pa.scalar(float("nan"), f.type)
+            col = pc.if_else(pc.equal(col, zero), zero, pc.if_else(pc.is_nan(col), nan, col))
+            table = table.set_column(i, f, col)
+    return table
 
 
 def merge_current(old: pa.Table, events: pa.Table, keys: list[str], keyed: bool
                   ) -> pa.Table:
     """One bucket's current-state rows (``old``, the image's columns) after its change
     ``events`` (``before`` / ``after`` images): ``keyed``, the rows of the changed
-    ``keys`` replaced; otherwise added and removed by count."""
+    ``keys`` replaced; otherwise added and removed by count. Columns of types
+    ``arrow.primitive`` (``kernel_covers``)."""
     schema = old.schema
     after = events.filter(pc.is_valid(events["after"]))
     new = pa.Table.from_struct_array(after["after"]).cast(schema)
     if keyed:
         changed = pa.Table.from_struct_array(pc.coalesce(events["after"], events["before"]))
-        ck, ccols = safe_keys(changed.select(keys), keys, "_c")
-        ok, ocols = safe_keys(old, keys, "_o")
+        ck, ccols = safe_keys(_normal(changed.select(keys)), keys, "_c")
+        ok, ocols = safe_keys(_normal(old.select(keys)), keys, "_o")
+        ok = ok.append_column("_i", pa.array(np.arange(old.num_rows)))
         kept = key_join(ok, ck.select(ccols), ocols, ccols, "left anti")
-        return concat([kept, new], schema)
+        return concat([old.take(kept["_i"]), new], schema)
     before = events.filter(pc.is_valid(events["before"]))
     gone = pa.Table.from_struct_array(before["before"]).cast(schema)
-    if not all(_groupable(f.type) for f in schema):
-        return _bag_in_python(old, gone, new)
-    parts = [t.append_column(WEIGHT, pa.array(np.full(t.num_rows, w, np.int64)))
+    parts = [_normal(t).append_column(WEIGHT, pa.array(np.full(t.num_rows, w, np.int64)))
              for t, w in ((old, 1), (gone, -1), (new, 1))]
     counts = pa.concat_tables(parts).group_by(schema.names, use_threads=False).aggregate(
         [(WEIGHT, "sum")])
@@ -71,25 +77,13 @@ def merge_current(old: pa.Table, events: pa.Table, keys: list[str], keyed: bool
     return rows.cast(schema)
 
 
-def _bag_in_python(old: pa.Table, gone: pa.Table, new: pa.Table) -> pa.Table:
-    """``merge_current`` of a bag whose columns Arrow cannot group (floats; the driver path
-    only: ``current_output`` leaves such tables to Spark)."""
-    counts: Counter = Counter()
-    names = old.schema.names
-    for table, w in ((old, 1), (gone, -1), (new, 1)):
-        for r in table.to_pylist():
-            counts[tuple(r[c] for c in names)] += w
-    listed = [dict(zip(names, k)) for k, n in counts.items() for _ in range(max(n, 0))]
-    return pa.Table.from_pylist(listed, old.schema)
-
-
 def kernel_covers(pipe: TableRun, image: pa.Schema) -> bool:
-    """Whether ``current_output`` covers the table (rows of columns ``image``): Arrow
-    groups its key columns (or, for a bag, every column) as Spark does."""
+    """Whether ``merge_current`` covers the table (rows of columns ``image``): Arrow
+    groups its key columns (or, for a bag, every column)."""
     keys = current_key(pipe)
     covered = [image.field(k) for k in keys] if pipe.table.physical.keyed_changes \
         else list(image)
-    return all(_groupable(f.type) for f in covered)
+    return all(primitive(f.type) for f in covered)
 
 
 def current_key(pipe: TableRun) -> list[str]:

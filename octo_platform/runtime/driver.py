@@ -41,7 +41,8 @@ from octo_platform.runtime.operators.kernels import (
 from octo_platform.runtime.operators.spark_hash import hashable, spark_hash, spark_pmod
 from octo_platform.runtime.driver_inputs import LocalInputs, read_local
 from octo_platform.runtime.inputs import read_inputs, set_watermarks, settle_inputs
-from octo_platform.runtime.current import current_key, files_by_bucket, merge_current
+from octo_platform.runtime.current import current_key, files_by_bucket, kernel_covers, \
+    merge_current
 from octo_platform.runtime.operators.tasks import read_bucket
 from octo_platform.runtime.sink import appends_current, event_bucket, write_dead_letters
 from octo_platform.runtime.writes import LocalOutput, write_local
@@ -278,6 +279,8 @@ def current(pipe: TableRun, events: pa.Table, pinned: dict[str, int | None]) -> 
     touched = sorted(set(events.column(BUCKET).to_pylist()))
     store, image = pipe.env.store, events.schema.field("after").type
     schema = pa.schema(list(image))
+    if not kernel_covers(pipe, schema):
+        raise Unsupported("current-state columns of nested types")
     keyed, keys = pipe.table.physical.keyed_changes, current_key(pipe)
     files, parts = files_by_bucket(store, path, pinned.get("current")), []
     for b in touched:  # each bucket as the Spark path's tasks do it
