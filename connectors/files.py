@@ -43,6 +43,39 @@ class FileSource:
     def option(self, key: str, default: str) -> str:
         return dict(self.options).get(key, default)
 
+    def latest_time(self, files: list[str], column: str) -> int | None:
+        """The latest value (µs since the epoch) of TIMESTAMP ``column`` in ``files``' good
+        records, from Parquet footers alone (no data read): only where each declared column
+        is in every file with exactly the type Spark gives it (no record can then be bad)
+        and every row group has the column's statistics; LookupError otherwise (read the
+        rows). None when every value is NULL."""
+        import pyarrow.parquet as pq
+
+        if self.format != "parquet":
+            raise LookupError("not Parquet")
+        latest = None
+        for path in files:
+            local = path.removeprefix("file://")
+            if "://" in local:
+                raise LookupError("a remote file")
+            meta = pq.ParquetFile(local).metadata
+            schema = meta.schema.to_arrow_schema()
+            present = {c.lower(): c for c in schema.names}
+            for col, typ in zip(self.columns, self.types):
+                have = present.get(col.lower())
+                if have is None or schema.field(have).type != arrow_type(typ):
+                    raise LookupError(f"column {col} needs a cast")
+            at = schema.get_field_index(present[column.lower()])
+            for g in range(meta.num_row_groups):
+                chunk = meta.row_group(g).column(at)
+                stats = chunk.statistics
+                if chunk.num_values and (stats is None or not stats.has_min_max) \
+                        and (stats is None or stats.null_count != chunk.num_values):
+                    raise LookupError("no statistics")
+                if stats is not None and stats.has_min_max:
+                    latest = stats.max_raw if latest is None else max(latest, stats.max_raw)
+        return latest
+
 
 def list_files(path: str) -> list[str]:
     """Data files under ``path`` (recursively), skipping names starting with '.' or '_'."""

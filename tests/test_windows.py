@@ -257,3 +257,56 @@ def test_a_table_over_a_windowed_table_inherits_its_watermark(spark, tmp_path):
         for name in ("per_5min", "busiest"):
             closed = assert_closed_windows(spark, tmp_path, project, sql, src, name, round_no)
     assert closed
+
+
+def test_a_parquet_sources_watermark_comes_from_its_footers(spark, tmp_path):
+    """On the Spark path a batch that closes windows needs its new watermark before it runs:
+    for Parquet files whose columns have exactly their declared types it is read from the
+    footers (no job), otherwise from the rows. Either way the windows closed are those
+    Spark's batch query closes: with NULL event times, a late row, and a file whose column
+    needs a cast."""
+    from datetime import datetime, timedelta, timezone
+
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+    from deltalake import DeltaTable
+
+    (tmp_path / "sql").mkdir()
+    (tmp_path / "sql" / "goals.sql").write_text("""
+CREATE SOURCE goals (team BIGINT, ts TIMESTAMP, WATERMARK FOR ts AS ts - INTERVAL '5' SECOND)
+WITH (connector = 'files', path = 'data/goals', format = 'parquet');
+CREATE STREAMING TABLE per_minute AS SELECT window_start, window_end, team, COUNT(*) AS n
+FROM TUMBLE(goals, ts, INTERVAL '1' MINUTE) GROUP BY window_start, window_end, team
+EMIT ON WINDOW CLOSE;""")
+    start = datetime(2026, 11, 1, tzinfo=timezone.utc)
+    rng = random.Random(7)
+    good: list[tuple[int, datetime]] = []
+    mark = None  # the watermark (the latest good event time - 5 s)
+    rounds = [(0, 150, pa.int64()), (100, 300, pa.int64()), (280, 420, pa.int32())]
+    files = tmp_path / "data" / "goals"
+    files.mkdir(parents=True)
+    for r, (lo, hi, team_type) in enumerate(rounds):
+        for f in range(2):
+            times = [start + timedelta(seconds=rng.uniform(lo, hi)) for _ in range(40)]
+            teams = [rng.randint(0, 3) for _ in times]
+            if f == 0:
+                times[0] = None  # no event time: a dead letter
+            if r == 1 and f == 1:
+                times[1] = start + timedelta(seconds=5)  # below the watermark: late
+            pq.write_table(pa.table({"team": pa.array(teams, team_type), "ts": pa.array(
+                times, pa.timestamp("us", tz="UTC"))}), files / f"r{r}-{f}.parquet")
+            good += [(t, ts) for t, ts in zip(teams, times)
+                     if ts is not None and (mark is None or ts >= mark)]
+        mark = max(ts for _, ts in good) - timedelta(seconds=5)
+        report = run_tables(spark, tmp_path, until_idle=True, options=default_options(
+            buckets=2, progress=None, driver_rows=0))
+        assert [b.path for b in report.batches] == ["spark"]
+        want: dict[tuple, int] = {}
+        for team, ts in good:
+            begin = ts.replace(second=0, microsecond=0)
+            if begin + timedelta(minutes=1) <= mark:
+                want[(begin, team)] = want.get((begin, team), 0) + 1
+        rows = DeltaTable(str(tmp_path / "warehouse" / "_current" / "per_minute"))
+        got = {(row["window_start"], row["team"]): row["n"]
+               for row in rows.to_pyarrow_table().to_pylist()}
+        assert got == want, r

@@ -73,8 +73,10 @@ def read_inputs(pipe: TableRun, ctx: BatchContext, inputs: dict[str, Any],
     source's rows below it are late and become dead letters. An upstream table that
     passes its watermark on gets its watermark as of the changelog version read. When
     the table's windows close by the watermark, the batch's new watermark is needed
-    before it runs: the watermarked sources' records are then cached and their latest
-    event time read with a job of its own (``ctx.watermark``).
+    before it runs: a Parquet source's latest event time then comes from the files'
+    footers where they vouch for every record (``FileSource.latest_time``); other
+    watermarked sources' records are cached and their latest event time read with a job
+    of its own (``ctx.watermark``).
     """
     watermarks = dict(stats.watermarks)
     observed: list[_Observed] = []
@@ -107,6 +109,7 @@ def read_inputs(pipe: TableRun, ctx: BatchContext, inputs: dict[str, Any],
             ranges = (got or {}).get("ranges", {})
             size += KAFKA_RECORD_BYTES * sum(b - a for a, b in ranges.values())
             parsed = pipe.env.read_kafka(pipe.spark, ksrc, ranges)
+            fsrc, files = None, []
         else:
             fsrc = pipe.env.file_source(sdef, pipe.project.source_path(sdef))
             files = (got or {}).get("files", [])
@@ -121,8 +124,13 @@ def read_inputs(pipe: TableRun, ctx: BatchContext, inputs: dict[str, Any],
             records, timed = mark_late(records, sdef, watermarks.get(key))
             exprs += [f"count_if(startswith(_reason, '{LATE}')) AS late", timed]
             if pipe.table.physical.closes_windows:  # windows close in this batch: its
-                records = ctx.persist(records)  # watermark is needed before it runs
-                latest = records.selectExpr(timed).collect()[0][0]
+                try:  # watermark is needed before it runs: from Parquet footers, or a job
+                    if fsrc is None:
+                        raise LookupError("a Kafka topic")
+                    latest = fsrc.latest_time(files, sdef.watermark.column)
+                except LookupError:
+                    records = ctx.persist(records)
+                    latest = records.selectExpr(timed).collect()[0][0]
                 after[key] = advanced(watermarks.get(key), latest, sdef.watermark.delay_us)
         observed.append(_Observed.watch(src.name, records, *exprs, key=key,
                                         watermark=sdef.watermark, before=watermarks.get(key),
