@@ -26,7 +26,7 @@ from octo_platform.columns import BUCKET, WEIGHT
 from octo_platform.runtime.operators.arrow import arrow_schema, concat, key_join, primitive, \
     safe_keys
 from octo_platform.runtime.operators.tasks import read_bucket
-from octo_platform.runtime.writes import WRITTEN_SCHEMA, Output, file_token
+from octo_platform.runtime.writes import WRITTEN_SCHEMA, Output, file_token, parquet_options
 
 if TYPE_CHECKING:
     from pyspark.sql import DataFrame
@@ -146,7 +146,7 @@ class _BucketTask:
         if rows.num_rows:
             rel = f"{BUCKET}={bucket}/{self.token}-{uuid.uuid4().hex[:8]}.parquet"
             stream = self.opener(self.path, rel)
-            pq.write_table(rows, stream)
+            pq.write_table(rows, stream, **parquet_options(rows.schema))
             for k, v in zip(written, (rel, stream.tell(), rows.num_rows, bucket, [])):
                 written[k].append(v)
             stream.close()

@@ -27,7 +27,7 @@ if TYPE_CHECKING:
     from pyspark.sql import DataFrame
 
 __all__ = ["Output", "write_outputs", "file_batch", "file_token", "LocalOutput", "write_local",
-           "WRITTEN_SCHEMA"]
+           "WRITTEN_SCHEMA", "parquet_options"]
 
 APP_ID = "octo"
 _FILE_BATCH = re.compile(r"-b(\d{8,})-")  # a written file's name: <prefix>-b<batch>-<ids>
@@ -138,6 +138,20 @@ def write_outputs(outputs: list[Output], *, batch: int, store: Store,
     return written
 
 
+def parquet_options(schema: pa.Schema) -> dict[str, Any]:
+    """How octo writes Parquet: dictionaries for text columns only. For numbers (keys,
+    counts, sums) the encoder's attempt costs 3x the write and saves nothing: 250K rows of
+    three distinct BIGINTs took 27 ms with it and 9 ms without (``/tmp/pj/pqw.py``).
+    Tables with nested columns (changelogs) keep Arrow's defaults."""
+    import pyarrow as pa
+
+    if any(pa.types.is_nested(f.type) for f in schema):
+        return {}
+    return {"use_dictionary": [f.name for f in schema if pa.types.is_string(f.type)
+                               or pa.types.is_large_string(f.type)
+                               or pa.types.is_binary(f.type)]}
+
+
 def file_token(prefix: str, batch: int) -> str:
     """The start of the names of an output's files written by batch ``batch``."""
     return f"{prefix}-b{batch:08d}-{uuid.uuid4().hex[:8]}"
@@ -176,7 +190,8 @@ def _writer(meta: list[tuple[str, bool, pa.Schema, str, str | None]],
                 stream = open_output(path, rel)
                 schema = rows.schema if not meta[i][4] else \
                     rows.schema.remove(rows.schema.get_field_index(meta[i][4]))
-                open_files[key] = (pq.ParquetWriter(stream, schema), stream, rel)
+                open_files[key] = (pq.ParquetWriter(stream, schema, **parquet_options(schema)),
+                                   stream, rel)
                 counts[key] = 0
                 tags[key] = set()
             report = meta[i][4]
@@ -255,7 +270,7 @@ def write_local(outputs: list[LocalOutput], *, batch: int, store: Store) -> dict
                     continue
                 rel = f"{token}.parquet" if bucket is None else f"{BUCKET}={bucket}/{token}.parquet"
                 stream = open_output(o.path, rel)
-                pq.write_table(rows, stream)
+                pq.write_table(rows, stream, **parquet_options(rows.schema))
                 size = stream.tell()
                 stream.close()
                 added.append({"path": rel, "size": size, "rows": rows.num_rows,
