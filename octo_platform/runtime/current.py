@@ -6,10 +6,10 @@ replaced by their after images; otherwise (a bag) rows are added and removed by 
 driver path runs it in the driver for each bucket a small batch touches
 (``driver.current``); the Spark path runs it in the batch's write job (``current_output``):
 the events are shuffled by their current-state bucket and each touched bucket's task reads
-that bucket's files (and nothing else) and returns its new rows, which the job writes
-beside the changelog. So a batch rewrites the buckets it touches, in Arrow, with no job of
-its own; a table whose columns the kernel does not cover keeps ``sink.update_current``'s
-separate Spark job.
+that bucket's files (and nothing else) and writes the bucket's new file itself, beside the
+changelog the job writes; only the file's name returns. So a batch rewrites the buckets it
+touches, in Arrow, with no job of its own; a table whose columns the kernel does not cover
+(nested types) keeps ``sink.update_current``'s separate Spark job.
 """
 from __future__ import annotations
 
