@@ -60,20 +60,18 @@ class FileSource:
                 raise LookupError("a remote file")
             meta = pq.ParquetFile(local).metadata
             schema = meta.schema.to_arrow_schema()
-            present = {c.lower(): c for c in schema.names}
-            for col, typ in zip(self.columns, self.types):
-                have = present.get(col.lower())
-                if have is None or schema.field(have).type != arrow_type(typ):
-                    raise LookupError(f"column {col} needs a cast")
-            at = schema.get_field_index(present[column.lower()])
+            names = _exact_columns(schema, self)
+            if names is None:
+                raise LookupError("a column needs a cast")
+            at = schema.get_field_index(names[[c.lower() for c in self.columns].index(
+                column.lower())])
             for g in range(meta.num_row_groups):
                 chunk = meta.row_group(g).column(at)
                 stats = chunk.statistics
-                if chunk.num_values and (stats is None or not stats.has_min_max) \
-                        and (stats is None or stats.null_count != chunk.num_values):
-                    raise LookupError("no statistics")
                 if stats is not None and stats.has_min_max:
                     latest = stats.max_raw if latest is None else max(latest, stats.max_raw)
+                elif chunk.num_values and (stats is None or stats.null_count != chunk.num_values):
+                    raise LookupError("no statistics")  # values, but not all NULL
         return latest
 
 
@@ -236,16 +234,26 @@ def _exact_records(data: pa.Table, source: FileSource) -> pa.Table | None:
     ``_reason``. None otherwise (Spark parses them)."""
     import pyarrow as pa
 
-    present = {c.lower(): c for c in data.column_names}
-    columns = []
+    names = _exact_columns(data.schema, source)
+    if names is None:
+        return None
+    none = pa.nulls(data.num_rows, pa.string())
+    return pa.table([*[data[n] for n in names], none, data["_file"], none],
+                    names=[*source.columns, "_raw", "_file", "_reason"])
+
+
+def _exact_columns(schema: pa.Schema, source: FileSource) -> list[str] | None:
+    """The columns of ``schema`` (a Parquet file's) that hold the declared columns, in
+    their order, when each has exactly the type Spark gives it (every cast the identity,
+    no value failing to fit); None otherwise."""
+    present = {c.lower(): c for c in schema.names}
+    names = []
     for col, typ in zip(source.columns, source.types):
         have = present.get(col.lower())
-        if have is None or data.schema.field(have).type != arrow_type(typ):
+        if have is None or schema.field(have).type != arrow_type(typ):
             return None
-        columns.append(data[have])
-    none = pa.nulls(data.num_rows, pa.string())
-    return pa.table([*columns, none, data["_file"], none],
-                    names=[*source.columns, "_raw", "_file", "_reason"])
+        names.append(have)
+    return names
 
 
 def _parquet_records(df: DataFrame, source: FileSource) -> Parsed:

@@ -22,8 +22,8 @@ from sqlglot import exp
 
 from octo_platform.frontend.parser import SourceStmt, TableStmt, ViewStmt, parse_sql
 
-__all__ = ["norm", "event_identity", "replay", "batch_result", "batch_results", "check_changelog", "check_tables",
-           "check_sink", "check_rounds",
+__all__ = ["norm", "event_identity", "replay", "batch_result", "batch_results",
+           "check_changelog", "check_tables", "check_sink", "check_rounds",
            "RandomInput", "write_lines", "PATHS", "driver_rows"]
 
 # Where batches run (``runtime/driver.py``): every batch as Spark jobs, every batch the

@@ -26,7 +26,8 @@ from octo_platform.columns import BUCKET, WEIGHT
 from octo_platform.runtime.operators.arrow import arrow_schema, concat, key_join, primitive, \
     safe_keys
 from octo_platform.runtime.operators.tasks import read_bucket
-from octo_platform.runtime.writes import WRITTEN_SCHEMA, Output, file_token, parquet_options
+from octo_platform.runtime.writes import WRITTEN_SCHEMA, Output, file_token, parquet_options, \
+    written_schema
 
 if TYPE_CHECKING:
     from pyspark.sql import DataFrame
@@ -150,6 +151,4 @@ class _BucketTask:
             for k, v in zip(written, (rel, stream.tell(), rows.num_rows, bucket, [])):
                 written[k].append(v)
             stream.close()
-        return pa.table(written, schema=pa.schema([
-            ("path", pa.string()), ("size", pa.int64()), ("rows", pa.int64()),
-            ("bucket", pa.int32()), ("tags", pa.list_(pa.int32()))]))
+        return pa.table(written, schema=written_schema())

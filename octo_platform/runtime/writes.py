@@ -27,7 +27,7 @@ if TYPE_CHECKING:
     from pyspark.sql import DataFrame
 
 __all__ = ["Output", "write_outputs", "file_batch", "file_token", "LocalOutput", "write_local",
-           "WRITTEN_SCHEMA", "parquet_options"]
+           "WRITTEN_SCHEMA", "written_schema", "parquet_options"]
 
 APP_ID = "octo"
 _FILE_BATCH = re.compile(r"-b(\d{8,})-")  # a written file's name: <prefix>-b<batch>-<ids>
@@ -138,6 +138,14 @@ def write_outputs(outputs: list[Output], *, batch: int, store: Store,
     return written
 
 
+def written_schema() -> pa.Schema:
+    """``WRITTEN_SCHEMA`` as Arrow (what a task that writes files returns)."""
+    import pyarrow as pa
+
+    return pa.schema([("path", pa.string()), ("size", pa.int64()), ("rows", pa.int64()),
+                      ("bucket", pa.int32()), ("tags", pa.list_(pa.int32()))])
+
+
 def parquet_options(schema: pa.Schema) -> dict[str, Any]:
     """How octo writes Parquet: dictionaries for text columns only. For numbers (keys,
     counts, sums) the encoder's attempt costs 3x the write and saves nothing: 250K rows of
@@ -225,9 +233,8 @@ def _writer(meta: list[tuple[str, bool, pa.Schema, str, str | None]],
                       sorted(t for t in tags[(i, bucket)] if t is not None))
             for k, v in zip(out, values):
                 out[k].append(v)
-        yield pa.RecordBatch.from_pydict(out, schema=pa.schema([
-            ("o", pa.int32()), ("path", pa.string()), ("size", pa.int64()),
-            ("rows", pa.int64()), ("bucket", pa.int32()), ("tags", pa.list_(pa.int32()))]))
+        yield pa.RecordBatch.from_pydict(out, schema=pa.schema([("o", pa.int32()),
+                                                                *written_schema()]))
 
     return write
 
