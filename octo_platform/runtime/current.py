@@ -23,8 +23,8 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from octo_platform.columns import BUCKET, WEIGHT
-from octo_platform.runtime.operators.arrow import arrow_schema, concat, key_join, primitive, \
-    safe_keys
+from octo_platform.runtime.operators.arrow import arrow_schema, concat, key_join, \
+    normal_floats, primitive, safe_keys
 from octo_platform.runtime.operators.tasks import read_bucket
 from octo_platform.runtime.writes import WRITTEN_SCHEMA, Output, file_token, parquet_options, \
     written_schema
@@ -38,18 +38,6 @@ if TYPE_CHECKING:
 __all__ = ["merge_current", "current_output", "kernel_covers", "current_key", "files_by_bucket"]
 
 
-def _normal(table: pa.Table) -> pa.Table:
-    """``table`` with its floating-point values as Spark groups and joins them: -0.0 as
-    0.0 and every NaN as one NaN (Spark's ``NormalizeFloatingNumbers``)."""
-    for i, f in enumerate(table.schema):
-        if pa.types.is_floating(f.type):
-            col = table.column(i)
-            zero, nan = pa.scalar(0.0, f.type), pa.scalar(float("nan"), f.type)
-            col = pc.if_else(pc.equal(col, zero), zero, pc.if_else(pc.is_nan(col), nan, col))
-            table = table.set_column(i, f, col)
-    return table
-
-
 def merge_current(old: pa.Table, events: pa.Table, keys: list[str], keyed: bool
                   ) -> pa.Table:
     """One bucket's current-state rows (``old``, the image's columns) after its change
@@ -61,14 +49,14 @@ def merge_current(old: pa.Table, events: pa.Table, keys: list[str], keyed: bool
     new = pa.Table.from_struct_array(after["after"]).cast(schema)
     if keyed:
         changed = pa.Table.from_struct_array(pc.coalesce(events["after"], events["before"]))
-        ck, ccols = safe_keys(_normal(changed.select(keys)), keys, "_c")
-        ok, ocols = safe_keys(_normal(old.select(keys)), keys, "_o")
+        ck, ccols = safe_keys(normal_floats(changed.select(keys)), keys, "_c")
+        ok, ocols = safe_keys(normal_floats(old.select(keys)), keys, "_o")
         ok = ok.append_column("_i", pa.array(np.arange(old.num_rows)))
         kept = key_join(ok, ck.select(ccols), ocols, ccols, "left anti")
         return concat([old.take(kept["_i"]), new], schema)
     before = events.filter(pc.is_valid(events["before"]))
     gone = pa.Table.from_struct_array(before["before"]).cast(schema)
-    parts = [_normal(t).append_column(WEIGHT, pa.array(np.full(t.num_rows, w, np.int64)))
+    parts = [normal_floats(t).append_column(WEIGHT, pa.array(np.full(t.num_rows, w, np.int64)))
              for t, w in ((old, 1), (gone, -1), (new, 1))]
     counts = pa.concat_tables(parts).group_by(schema.names, use_threads=False).aggregate(
         [(WEIGHT, "sum")])

@@ -24,13 +24,15 @@ from collections import Counter
 from functools import reduce
 from typing import TYPE_CHECKING, Any
 
+import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
 from octo_platform.columns import BUCKET, WEIGHT
 from octo_platform.physical.plan import PAggregate, PhysicalPlan, PJoin, PSource, PStateless, PUnion
 from octo_platform.runtime.operators import BatchContext, apply_steps
-from octo_platform.runtime.operators.arrow import arrow_schema, concat, primitive
+from octo_platform.runtime.operators.arrow import arrow_schema, concat, normal_floats, \
+    primitive
 from octo_platform.runtime.operators.kernels import (
     AggregateKernel,
     JoinKernel,
@@ -58,6 +60,7 @@ __all__ = ["DEFAULT_DRIVER_ROWS", "plan_runs_in_driver", "input_rows", "run_in_d
 DEFAULT_DRIVER_ROWS = 10_000
 _TEXT_BYTES_PER_ROW = 4096  # a text file bigger than this per allowed row is not counted
 _W = quote(WEIGHT)
+_SIGN = "__octo_sign"
 
 
 def plan_runs_in_driver(plan: PhysicalPlan) -> bool:
@@ -220,21 +223,109 @@ def _columns(step: tuple, table: pa.Table) -> list[str] | None:
 
 
 def encode(pipe: TableRun, delta: pa.Table, batch: int, ts_ms: int) -> pa.Table:
-    """Change events of the batch's Δ, as ``connectors.debezium.encode``/``encode_keyed``
-    make them: weights consolidated; with a primary key, the i-th retraction and the i-th
-    insertion of a key (in the order of their values) become one ``u``."""
+    """The change events of the batch's Δ (``change_events``)."""
     plan = pipe.table.physical
-    columns = list(plan.root.columns)
-    image = pa.struct([pa.field(c, delta.schema.field(c).type) for c in columns])
+    return change_events(delta, plan.root.columns, plan.pk, table=pipe.name, batch=batch,
+                         ts_ms=ts_ms)
+
+
+def change_events(delta: pa.Table, columns: tuple[str, ...], pk: tuple[str, ...] | None, *,
+                  table: str, batch: int, ts_ms: int) -> pa.Table:
+    """Change events of weighted rows in Arrow, as ``connectors.debezium.encode`` makes
+    them with Spark: weights consolidated; with a primary key, the i-th retraction and the
+    i-th insertion of a key (in the order of their values) become one ``u``."""
+    cols = list(columns)
+    image = pa.struct([pa.field(c, delta.schema.field(c).type) for c in cols])
+    pairs = _pairs if all(primitive(f.type) for f in image) else _pairs_of_rows
+    before, after = pairs(delta, cols, pk, image)
+    n = len(before)
+    source = pa.scalar({"table": table, "batch_id": batch, "connector": "octo"},
+                       pa.struct([("table", pa.string()), ("batch_id", pa.int64()),
+                                  ("connector", pa.string())]))
+    op = pc.if_else(pc.is_null(before), pa.scalar("c"),
+                    pc.if_else(pc.is_null(after), pa.scalar("d"), pa.scalar("u")))
+    return pa.table({"op": op, "before": before, "after": after,
+                     "ts_ms": pa.array(np.full(n, ts_ms, np.int64)),
+                     "source": pa.repeat(source, n)})
+
+
+def _pairs(delta: pa.Table, columns: list[str], pk: tuple[str, ...] | None,
+           image: pa.StructType) -> tuple[pa.Array, pa.Array]:
+    """The events' before and after images, in Arrow (columns of ``arrow.primitive``
+    types): floats grouped as Spark groups them, a key's retractions and insertions each
+    in Spark's ascending order (NULLs first), paired by rank."""
+    rows = normal_floats(delta.select([*columns, WEIGHT]))
+    sums = rows.group_by(columns, use_threads=False).aggregate([(WEIGHT, "sum")])
+    w = sums.column(f"{WEIGHT}_sum").to_numpy()
+    live = np.flatnonzero(w)
+    units = np.repeat(live, np.abs(w[live]))  # one row per unit of weight
+    rows, sign = sums.select(columns).take(units), np.sign(w[units]).astype(np.int8)
+    if pk is None:
+        return _images(rows, image, sign > 0), _images(rows, image, sign < 0)
+    rows = rows.append_column(_SIGN, pa.array(sign))
+    order = pc.sort_indices(*_ascending(rows, [*pk, _SIGN, *columns]))
+    rows, sign = rows.take(order), sign[order.to_numpy()]
+    at = np.arange(rows.num_rows)
+    key_starts = _starts(rows, list(pk))
+    starts = key_starts | _starts(rows, [_SIGN])
+    key = np.cumsum(key_starts)  # the key's number, in order
+    rank = at - np.maximum.accumulate(np.where(starts, at, 0))
+    gone, new = (pa.table({"k": key[m], "r": rank[m], "i": at[m]}) for m in (sign < 0, sign > 0))
+    paired = gone.join(new, keys=["k", "r"], join_type="full outer", left_suffix="_b",
+                       right_suffix="_a", use_threads=False).sort_by([("k", "ascending"),
+                                                                        ("r", "ascending")])
+    return tuple(_images(rows.take(paired[f"i_{s}"]), image, pc.is_null(paired[f"i_{s}"]))
+                 for s in "ba")  # type: ignore[return-value]
+
+
+def _ascending(rows: pa.Table, columns: list[str]) -> tuple[pa.Table, list[tuple]]:
+    """``rows`` and the sort keys that order them as Spark's ascending ``ORDER BY
+    columns``: NULLs first, NaN above every number (Arrow puts NaNs beside the NULLs)."""
+    keys = []
+    for i, c in enumerate(columns):
+        if pa.types.is_floating(rows.schema.field(c).type):
+            rows = rows.append_column(f"__octo_nan{i}", pc.is_nan(rows.column(c)))
+            keys.append((f"__octo_nan{i}", "ascending", "at_start"))
+        keys.append((c, "ascending", "at_start"))
+    return rows, keys
+
+
+def _starts(rows: pa.Table, columns: list[str]) -> np.ndarray:
+    """Per row of ``rows`` (sorted), whether its ``columns`` differ from the row before's
+    (NULLs equal, NaNs equal); the first row starts."""
+    n = rows.num_rows
+    starts = np.zeros(n, bool)
+    starts[:1] = True
+    for c in columns:
+        col = rows.column(c).combine_chunks()
+        a, b = col.slice(1), col.slice(0, max(n - 1, 0))
+        same = pc.or_kleene(pc.equal(a, b), pc.and_(pc.is_null(a), pc.is_null(b)))
+        if pa.types.is_floating(col.type):
+            same = pc.or_kleene(same, pc.and_(pc.is_nan(a), pc.is_nan(b)))
+        starts[1:] |= ~pc.fill_null(same, False).to_numpy(zero_copy_only=False)
+    return starts
+
+
+def _images(rows: pa.Table, image: pa.StructType, missing: Any) -> pa.Array:
+    """``rows`` as a struct array of ``image``, NULL where ``missing`` (booleans)."""
+    return pa.StructArray.from_arrays([rows.column(f.name).combine_chunks().cast(f.type)
+                                       for f in image], fields=list(image),
+                                      mask=pa.array(missing, pa.bool_()))
+
+
+def _pairs_of_rows(delta: pa.Table, columns: list[str], pk: tuple[str, ...] | None,
+                   image: pa.StructType) -> tuple[pa.Array, pa.Array]:
+    """``_pairs`` row by row, for images with nested types (Arrow neither groups nor sorts
+    them)."""
     weights: Counter = Counter()
     for row in delta.to_pylist():
         weights[tuple(row[c] for c in columns)] += row[WEIGHT]
     pairs: list[tuple[tuple | None, tuple | None]] = []
-    if plan.pk is None:
+    if pk is None:
         for values, w in weights.items():
             pairs += [(None, values) if w > 0 else (values, None)] * abs(w)
     else:
-        at = [columns.index(k) for k in plan.pk]
+        at = [columns.index(k) for k in pk]
         by_key: dict[tuple, tuple[list, list]] = {}
         for values, w in weights.items():
             gone, new = by_key.setdefault(tuple(values[i] for i in at), ([], []))
@@ -246,21 +337,9 @@ def encode(pipe: TableRun, delta: pa.Table, batch: int, ts_ms: int) -> pa.Table:
                 pairs.append((gone[i] if i < len(gone) else None,
                               new[i] if i < len(new) else None))
     pairs = [(b, a) for b, a in pairs if b != a]
-
-    def images(which: int) -> pa.Array:
-        return pa.array([None if p[which] is None else dict(zip(columns, p[which]))
-                         for p in pairs], image)
-
-    n = len(pairs)
-    source = pa.struct([("table", pa.string()), ("batch_id", pa.int64()),
-                        ("connector", pa.string())])
-    return pa.table({
-        "op": pa.array(["c" if b is None else "d" if a is None else "u" for b, a in pairs],
-                       pa.string()),
-        "before": images(0), "after": images(1),
-        "ts_ms": pa.array([ts_ms] * n, pa.int64()),
-        "source": pa.array([{"table": pipe.name, "batch_id": batch, "connector": "octo"}] * n,
-                           source)})
+    return tuple(pa.array([None if p[which] is None else dict(zip(columns, p[which]))
+                           for p in pairs], image)
+                 for which in (0, 1))  # type: ignore[return-value]
 
 
 def _spark_order(values: tuple) -> tuple:

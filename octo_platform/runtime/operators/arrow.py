@@ -22,7 +22,7 @@ if TYPE_CHECKING:
 COLLECT_ROWS = 2000  # measured: collecting 10K rows as Python objects took ~0.25 s
 
 __all__ = ["spark_eval", "collect_arrow", "arrow_schema", "safe_keys", "key_join", "concat",
-           "primitive", "local_path"]
+           "primitive", "local_path", "normal_floats"]
 
 
 def spark_eval(spark: SparkSession, table: pa.Table,
@@ -82,6 +82,18 @@ def primitive(t: pa.DataType) -> bool:
             or pa.types.is_large_string(t) or pa.types.is_boolean(t)
             or pa.types.is_timestamp(t) or pa.types.is_date(t) or pa.types.is_decimal(t)
             or pa.types.is_binary(t) or pa.types.is_null(t))
+
+
+def normal_floats(table: pa.Table) -> pa.Table:
+    """``table`` with its floating-point values as Spark groups and joins them: -0.0 as
+    0.0 and every NaN as one NaN (Spark's ``NormalizeFloatingNumbers``)."""
+    for i, f in enumerate(table.schema):
+        if pa.types.is_floating(f.type):
+            col = table.column(i)
+            zero, nan = pa.scalar(0.0, f.type), pa.scalar(float("nan"), f.type)
+            col = pc.if_else(pc.equal(col, zero), zero, pc.if_else(pc.is_nan(col), nan, col))
+            table = table.set_column(i, f, col)
+    return table
 
 
 def _zero(t: pa.DataType) -> pa.Scalar:
