@@ -31,7 +31,8 @@ from octo_platform.runtime.operators.context import BatchContext, bucket_sql
 from octo_platform.runtime.operators.join import Join
 from octo_platform.runtime.operators.join_kernel import summed
 from octo_platform.runtime.operators.spark_hash import hashable, spark_hash, spark_pmod
-from octo_platform.runtime.state_log import compaction, latest, read_log
+from octo_platform.runtime.state_log import StateFile, compaction, generation, \
+    latest, read_log, with_batch
 from octo_platform.sqltext import unquote
 
 if TYPE_CHECKING:
@@ -105,16 +106,21 @@ class LocalContext:
         self.ctx.memo[key] = out.schema
         return out
 
-    def cached(self, table: str, load: Callable[[], DataFrame]) -> pa.Table:
+    def cached(self, table: str, load: Callable[[], DataFrame],
+               local: Callable[[list[StateFile]], pa.Table | None]) -> pa.Table:
         """State table ``table``'s rows as of the pinned version: from the run's cache when
-        it holds that version, else loaded (``load``: the rows as a Spark frame)."""
+        it holds that version, else loaded: with Arrow from local files (``local``, given
+        the pinned files; None when one is remote), else by Spark (``load``: the rows as a
+        Spark frame)."""
         version = self.pinned.get(f"state/{table}")
         got = self.ctx.memo.get(f"cache:{table}")
         if got is not None and got[0] == version:
             return got[1]
-        df = load()
-        rows = df.toArrow() if self.ctx.state_log(table) else \
-            arrow_schema(df.schema).empty_table()
+        files = self.ctx.state_log(table)
+        rows = local(files) if files else None
+        if rows is None:
+            df = load()
+            rows = df.toArrow() if files else arrow_schema(df.schema).empty_table()
         self.ctx.memo[f"cache:{table}"] = (version, rows)
         return rows
 
@@ -165,6 +171,19 @@ class LocalContext:
         return got[BUCKET]
 
 
+def _latest(files: list[StateFile], schema: pa.Schema, keys: list[str], alive: str | None
+            ) -> pa.Table | None:
+    """``state_log.latest`` (with ``_batch``) in Arrow over local files: each key's newest
+    row; with ``alive``, those whose count column ``alive`` is not 0. None when a file is
+    remote."""
+    rows = _read_files(files, schema)
+    if rows is None:
+        return None
+    if len({generation(f) for f in files}) > 1:  # one write holds each key once
+        rows = newest(keys)(rows)
+    return rows.filter(pc.not_equal(rows[alive], 0)) if alive else rows
+
+
 def _read_files(files: list[dict], schema: pa.Schema) -> pa.Table | None:
     """The rows of local state files, as ``schema``; None when one is remote."""
     import pyarrow.parquet as pq
@@ -194,14 +213,18 @@ class AggregateKernel:
         alive = f"{COUNT} != 0" if keys else None
         before = lc.cached(node.id, lambda: latest(
             lc.spark, lc.ctx.state_log(node.id), shape.state_schema, keys, alive=alive,
-            keep_batch=True))
+            keep_batch=True), lambda files: _latest(
+                files, arrow_schema(with_batch(shape.state_schema)), keys,
+                COUNT if keys else None))
         marks = (lc.ctx.watermark_before, lc.ctx.watermark)
         closing = node.emit_on_close and lc.ctx.watermark_moved
         if not delta.num_rows and (keys or before.num_rows) and not closing:  # no change
             return self.out_schema(shape).empty_table()
         ms_before = {i: lc.cached(node.multiset_table(i), lambda i=i: latest(
             lc.spark, lc.ctx.state_log(node.multiset_table(i)), shape.ms_schemas[i],
-            [*keys, "v"], alive="cnt != 0", keep_batch=True)) for i in shape.ms_schemas}
+            [*keys, "v"], alive="cnt != 0", keep_batch=True), lambda files, i=i: _latest(
+                files, arrow_schema(with_batch(shape.ms_schemas[i])), [*keys, "v"], "cnt"))
+            for i in shape.ms_schemas}
         done = step.run(delta, before, ms_before)
 
         def kept(rows: pa.Table) -> pa.Table:  # a closed window's group is never touched
@@ -355,8 +378,13 @@ class JoinKernel:
         """Side ``s``'s rows (``Join.row``) before the batch, from the run's cache."""
         table = self.node.side_table(self.op.SIDES[s])
         stored = self.stored(s, keyed)
+        names = self.step.row(s)
+
+        def local(files: list[StateFile]) -> pa.Table | None:
+            rows = _read_files(files, arrow_schema(stored))
+            return None if rows is None else rows.rename_columns(names)
         return self.lc.cached(table, lambda: read_log(
-            self.lc.spark, self.lc.ctx.state_log(table), stored).toDF(*self.step.row(s)))
+            self.lc.spark, self.lc.ctx.state_log(table), stored).toDF(*names), local)
 
     def stage(self, s: str, before: pa.Table, delta: pa.Table) -> None:
         """Stage the batch's rows of side ``s`` (``delta``, consolidated) for its log, and
