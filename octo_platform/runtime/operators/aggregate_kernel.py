@@ -22,9 +22,9 @@ from octo_platform.runtime.operators.arrow import (
     primitive,
     safe_keys,
 )
-from octo_platform.runtime.state_log import BATCH
+from octo_platform.runtime.state_log import BATCH, StateFile, generation
 
-__all__ = ["AggregateStep", "Stepped", "aggregate_step", "newest", "unsuffix",
+__all__ = ["AggregateStep", "Stepped", "aggregate_step", "newest", "live_rows", "unsuffix",
            "with_batch_column"]
 
 
@@ -258,6 +258,17 @@ def newest(keys: list[str]) -> Callable[[pa.Table], pa.Table]:
                                       for c in latest.column_names]).select(
             rows.column_names).cast(rows.schema)
     return merge
+
+
+def live_rows(stored: pa.Table, files: list[StateFile], keys: list[str], alive: str | None
+              ) -> pa.Table:
+    """A keyed log's rows ``stored`` (read from ``files``) as ``state_log.latest`` keeps
+    them: each key's newest row; with ``alive``, only those whose count column ``alive`` is
+    not 0 (tombstones dropped)."""
+    # One write holds each key once: only several need the newest row per key.
+    if len({generation(f) for f in files}) > 1:
+        stored = newest(keys)(stored)
+    return stored.filter(pc.not_equal(stored[alive], 0)) if alive else stored
 
 
 def with_batch_column(table: pa.Table, batch: int) -> pa.Table:

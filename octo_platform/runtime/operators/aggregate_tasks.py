@@ -32,7 +32,7 @@ from octo_platform.runtime.operators.aggregate import Aggregate
 from octo_platform.runtime.operators.aggregate_kernel import (
     AggregateStep,
     aggregate_step,
-    newest,
+    live_rows,
 )
 from octo_platform.runtime.operators.arrow import arrow_schema
 from octo_platform.runtime.operators.context import BatchContext, bucket_sql
@@ -46,7 +46,7 @@ from octo_platform.runtime.operators.tasks import (
     tagged_schema,
     visits,
 )
-from octo_platform.runtime.state_log import generation, with_batch
+from octo_platform.runtime.state_log import with_batch
 from octo_platform.sqltext import quote
 
 if TYPE_CHECKING:
@@ -124,10 +124,8 @@ class _BucketTask:
         for j, ((path, log), logged) in enumerate(zip(self.tables, layout)):
             mine = log.get(bucket, [])
             names, alive = (keys, COUNT) if j == 0 else ([*keys, "v"], "cnt")
-            stored = read_bucket(self.reader, path, mine, logged)
-            # One write holds each key once: only several need the newest row per key.
-            live = newest(names)(stored) if len({generation(f) for f in mine}) > 1 else stored
-            befores.append(live.filter(pc.not_equal(live[alive], 0)))
+            befores.append(live_rows(read_bucket(self.reader, path, mine, logged), mine,
+                                     names, alive))
             files.append(mine)
         done = step.run(delta, befores[0], {i: b for i, b in zip(step.ms, befores[1:])},
                         keep_after=False)

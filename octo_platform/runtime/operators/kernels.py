@@ -26,13 +26,14 @@ from octo_platform.local_frames import arrow_type, local_frame
 from octo_platform.physical.plan import PAggregate, PJoin
 from octo_platform.runtime.operators.aggregate import Aggregate
 from octo_platform.runtime.operators.arrow import arrow_schema, concat, local_path, spark_eval
-from octo_platform.runtime.operators.aggregate_kernel import aggregate_step, newest
+from octo_platform.runtime.operators.aggregate_kernel import aggregate_step, live_rows, \
+    newest
 from octo_platform.runtime.operators.context import BatchContext, bucket_sql
 from octo_platform.runtime.operators.join import Join
 from octo_platform.runtime.operators.join_kernel import summed
 from octo_platform.runtime.operators.spark_hash import hashable, spark_hash, spark_pmod
-from octo_platform.runtime.state_log import StateFile, compaction, generation, \
-    latest, read_log, with_batch
+from octo_platform.runtime.state_log import StateFile, compaction, latest, read_log, \
+    with_batch
 from octo_platform.sqltext import unquote
 
 if TYPE_CHECKING:
@@ -177,11 +178,7 @@ def _latest(files: list[StateFile], schema: pa.Schema, keys: list[str], alive: s
     row; with ``alive``, those whose count column ``alive`` is not 0. None when a file is
     remote."""
     rows = _read_files(files, schema)
-    if rows is None:
-        return None
-    if len({generation(f) for f in files}) > 1:  # one write holds each key once
-        rows = newest(keys)(rows)
-    return rows.filter(pc.not_equal(rows[alive], 0)) if alive else rows
+    return None if rows is None else live_rows(rows, files, keys, alive)
 
 
 def _read_files(files: list[dict], schema: pa.Schema) -> pa.Table | None:
