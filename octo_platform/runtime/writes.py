@@ -149,7 +149,8 @@ def written_schema() -> pa.Schema:
 def parquet_options(schema: pa.Schema) -> dict[str, Any]:
     """How octo writes Parquet: dictionaries for text columns only. For numbers (keys,
     counts, sums) the encoder's attempt costs 3x the write and saves nothing: 250K rows of
-    three distinct BIGINTs took 27 ms with it and 9 ms without (``/tmp/pj/pqw.py``).
+    three distinct BIGINTs took 27 ms with it and 9 ms without (benchmarks/README.md,
+    "fewer dictionaries").
     Tables with nested columns (changelogs) keep Arrow's defaults."""
     import pyarrow as pa
 
