@@ -47,7 +47,7 @@ from octo_platform.runtime.current import current_key, files_by_bucket, kernel_c
     merge_current
 from octo_platform.runtime.operators.tasks import read_bucket
 from octo_platform.runtime.sink import appends_current, event_bucket, write_dead_letters
-from octo_platform.runtime.writes import LocalOutput, write_local
+from octo_platform.runtime.writes import LocalOutput, threaded, write_local
 from octo_platform.sqltext import quote, unquote
 
 if TYPE_CHECKING:
@@ -361,10 +361,12 @@ def current(pipe: TableRun, events: pa.Table, pinned: dict[str, int | None]) -> 
     if not kernel_covers(pipe, schema):
         raise Unsupported("current-state columns of nested types")
     keyed, keys = pipe.table.physical.keyed_changes, current_key(pipe)
-    files, parts = files_by_bucket(store, path, pinned.get("current")), []
-    for b in touched:  # each bucket as the Spark path's tasks do it
-        old = read_bucket(store.reader(), path, files.get(b, []), schema)
+    files, reader = files_by_bucket(store, path, pinned.get("current")), store.reader()
+
+    def bucket(b: int) -> pa.Table:  # as the Spark path's tasks do it
+        old = read_bucket(reader, path, files.get(b, []), schema)
         rows = merge_current(old, events.filter(pc.equal(events[BUCKET], b)), keys, keyed)
-        parts.append(rows.append_column(BUCKET, pa.array([b] * rows.num_rows, pa.int32())))
-    out = concat(parts, schema.append(pa.field(BUCKET, pa.int32())))
+        return rows.append_column(BUCKET, pa.array(np.full(rows.num_rows, b, np.int32)))
+    out = concat([rows for _, rows in threaded(bucket, touched)],
+                 schema.append(pa.field(BUCKET, pa.int32())))
     return LocalOutput("current", path, out, bucketed=True, replace=set(touched))

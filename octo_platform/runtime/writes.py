@@ -12,11 +12,13 @@ before its commit are in no Delta version, so readers never see them (vacuum dro
 from __future__ import annotations
 
 import functools
+import os
 import re
 import uuid
-from dataclasses import dataclass
 from collections.abc import Callable, Iterator
-from typing import TYPE_CHECKING, Any, Literal
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any, Literal, TypeVar
 
 from octo_platform.columns import BUCKET
 from octo_platform.runtime.environment import Store
@@ -27,7 +29,7 @@ if TYPE_CHECKING:
     from pyspark.sql import DataFrame
 
 __all__ = ["Output", "write_outputs", "file_batch", "file_token", "LocalOutput", "write_local",
-           "WRITTEN_SCHEMA", "written_schema", "parquet_options"]
+           "WRITTEN_SCHEMA", "written_schema", "parquet_options", "threaded"]
 
 APP_ID = "octo"
 _FILE_BATCH = re.compile(r"-b(\d{8,})-")  # a written file's name: <prefix>-b<batch>-<ids>
@@ -35,6 +37,7 @@ _FILE_BATCH = re.compile(r"-b(\d{8,})-")  # a written file's name: <prefix>-b<ba
 # distinct values of its output's ``report`` column; tagged with its output (``o``).
 WRITTEN_SCHEMA = "path STRING, size BIGINT, rows BIGINT, bucket INT, tags ARRAY<INT>"
 _FILE_SCHEMA = f"o INT, {WRITTEN_SCHEMA}"
+T, R = TypeVar("T"), TypeVar("R")
 
 
 @dataclass(frozen=True)
@@ -254,6 +257,15 @@ class LocalOutput:
     prefix: str = "part"
 
 
+def threaded(fn: Callable[[T], R], items: list[T]) -> list[tuple[T, R]]:
+    """``(item, fn(item))`` for each item, in order, run on the driver's cores: Arrow's
+    Parquet reads and writes and its compute functions release the GIL."""
+    if len(items) < 2:
+        return [(i, fn(i)) for i in items]
+    with ThreadPoolExecutor(min(len(items), os.cpu_count() or 1, 4)) as pool:
+        return list(zip(items, pool.map(fn, items)))
+
+
 def write_local(outputs: list[LocalOutput], *, batch: int, store: Store) -> dict[str, int | None]:
     """Write ``outputs`` from the driver as batch ``batch`` and commit each table once, as
     ``write_outputs`` does for a Spark job's files; each table's version afterwards."""
@@ -261,28 +273,31 @@ def write_local(outputs: list[LocalOutput], *, batch: int, store: Store) -> dict
     import pyarrow.parquet as pq
 
     open_output = store.opener()
+
+    def write(part: tuple[LocalOutput, int | None, pa.Table]) -> dict[str, Any]:
+        o, bucket, rows = part
+        token = f"{file_token(o.prefix, batch)}-d"
+        rel = f"{token}.parquet" if bucket is None else f"{BUCKET}={bucket}/{token}.parquet"
+        stream = open_output(o.path, rel)
+        pq.write_table(rows, stream, **parquet_options(rows.schema))
+        size = stream.tell()
+        stream.close()
+        return {"path": rel, "size": size, "rows": rows.num_rows,
+                "partition": {BUCKET: bucket} if o.bucketed else {}}
+
+    parts: list[tuple[LocalOutput, int | None, pa.Table]] = []
+    for o in outputs:
+        if not o.bucketed:
+            parts.append((o, None, o.table))
+            continue
+        buckets, data = o.table.column(BUCKET), o.table.drop_columns([BUCKET])
+        parts += [(o, b, data.filter(pc.equal(buckets, b)))
+                  for b in sorted(pc.unique(buckets).to_pylist())]
+    written = threaded(write, [p for p in parts if p[2].num_rows])
     versions: dict[str, int | None] = {}
     for key in dict.fromkeys(o.key for o in outputs):
         mine = [o for o in outputs if o.key == key]
-        added: list[dict[str, Any]] = []
-        for o in mine:
-            token = f"{file_token(o.prefix, batch)}-d"
-            parts = [(None, o.table)]
-            if o.bucketed:
-                buckets = o.table.column(BUCKET)
-                data = o.table.drop_columns([BUCKET])
-                parts = [(b, data.filter(pc.equal(buckets, b)))
-                         for b in sorted(pc.unique(buckets).to_pylist())]
-            for bucket, rows in parts:
-                if not rows.num_rows:
-                    continue
-                rel = f"{token}.parquet" if bucket is None else f"{BUCKET}={bucket}/{token}.parquet"
-                stream = open_output(o.path, rel)
-                pq.write_table(rows, stream, **parquet_options(rows.schema))
-                size = stream.tell()
-                stream.close()
-                added.append({"path": rel, "size": size, "rows": rows.num_rows,
-                              "partition": {BUCKET: bucket} if o.bucketed else {}})
+        added = [w for p, w in written if p[0].key == key]
         first = mine[0]
         replaced = set().union(*[o.replace for o in mine if o.replace is not None]) \
             if any(o.replace is not None for o in mine) else None

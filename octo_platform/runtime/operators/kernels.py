@@ -31,6 +31,7 @@ from octo_platform.runtime.operators.aggregate_kernel import aggregate_step, liv
 from octo_platform.runtime.operators.context import BatchContext, bucket_sql
 from octo_platform.runtime.operators.join import Join
 from octo_platform.runtime.operators.join_kernel import summed
+from octo_platform.runtime.operators.keyed_rows import KeyedRows, same_values
 from octo_platform.runtime.operators.spark_hash import hashable, spark_hash, spark_pmod
 from octo_platform.runtime.state_log import StateFile, compaction, latest, read_log, \
     with_batch
@@ -108,11 +109,12 @@ class LocalContext:
         return out
 
     def cached(self, table: str, load: Callable[[], DataFrame],
-               local: Callable[[list[StateFile]], pa.Table | None]) -> pa.Table:
+               local: Callable[[list[StateFile]], pa.Table | None],
+               keys: list[str] | None = None) -> Any:
         """State table ``table``'s rows as of the pinned version: from the run's cache when
         it holds that version, else loaded: with Arrow from local files (``local``, given
         the pinned files; None when one is remote), else by Spark (``load``: the rows as a
-        Spark frame)."""
+        Spark frame). With ``keys``, as ``KeyedRows`` found by those columns."""
         version = self.pinned.get(f"state/{table}")
         got = self.ctx.memo.get(f"cache:{table}")
         if got is not None and got[0] == version:
@@ -122,21 +124,22 @@ class LocalContext:
         if rows is None:
             df = load()
             rows = df.toArrow() if files else arrow_schema(df.schema).empty_table()
-        self.ctx.memo[f"cache:{table}"] = (version, rows)
-        return rows
+        cache = rows if keys is None else KeyedRows(rows, keys)
+        self.ctx.memo[f"cache:{table}"] = (version, cache)
+        return cache
 
     def settle(self, versions: dict[str, int | None]) -> None:
         """After the commits: the cache holds each state table's rows at its new version."""
         for table, rows in self.fresh.items():
             self.ctx.memo[f"cache:{table}"] = (versions.get(f"state/{table}"), rows)
 
-    def stage(self, table: str, changes: pa.Table, before: pa.Table,
+    def stage(self, table: str, changes: pa.Table, before: Callable[[], pa.Table],
               base: Callable[[pa.Table], pa.Table],
               merge: Callable[[pa.Table], pa.Table],
               bucket_keys: list[str] | None = None) -> None:
         """Stage the batch's ``changes`` for the end of a state log (its ``base`` when the log
         is empty), and the log's compaction when it is due (``state_log.compaction``): a full
-        one is ``base(before)``, the rows before the batch, replacing every pinned file; a
+        one is ``base(before())``, the rows before the batch, replacing every pinned file; a
         partial one is ``merge`` of the rows of the delta files it merges (read with Arrow;
         from a remote warehouse, a full one instead), replacing them. ``bucket_keys``: the
         log is partitioned by the bucket of these columns (an aggregate's group key)."""
@@ -153,7 +156,7 @@ class LocalContext:
             merging, full = due
             rows = None if full else _read_files(merging, changes.schema)
             if rows is None:
-                self.writes.append(staged(base(before), "base",
+                self.writes.append(staged(base(before()), "base",
                                           tuple(f["path"] for f in files)))
             else:
                 self.writes.append(staged(merge(rows), "delta",
@@ -208,30 +211,44 @@ class AggregateKernel:
         if step is None:
             raise Unsupported("SUM/AVG of decimals, or nested types")
         alive = f"{COUNT} != 0" if keys else None
-        before = lc.cached(node.id, lambda: latest(
+        state = lc.cached(node.id, lambda: latest(
             lc.spark, lc.ctx.state_log(node.id), shape.state_schema, keys, alive=alive,
             keep_batch=True), lambda files: _latest(
                 files, arrow_schema(with_batch(shape.state_schema)), keys,
-                COUNT if keys else None))
+                COUNT if keys else None), keys)
         marks = (lc.ctx.watermark_before, lc.ctx.watermark)
         closing = node.emit_on_close and lc.ctx.watermark_moved
-        if not delta.num_rows and (keys or before.num_rows) and not closing:  # no change
+        if not delta.num_rows and (keys or state.num_rows) and not closing:  # no change
             return self.out_schema(shape).empty_table()
-        ms_before = {i: lc.cached(node.multiset_table(i), lambda i=i: latest(
+        ms_state = {i: lc.cached(node.multiset_table(i), lambda i=i: latest(
             lc.spark, lc.ctx.state_log(node.multiset_table(i)), shape.ms_schemas[i],
             [*keys, "v"], alive="cnt != 0", keep_batch=True), lambda files, i=i: _latest(
-                files, arrow_schema(with_batch(shape.ms_schemas[i])), [*keys, "v"], "cnt"))
-            for i in shape.ms_schemas}
-        done = step.run(delta, before, ms_before)
+                files, arrow_schema(with_batch(shape.ms_schemas[i])), [*keys, "v"], "cnt"),
+            keys) for i in shape.ms_schemas}
+        # Every row is wanted where groups leave without being touched (a window closes)
+        # or there is one group; else only the touched groups' rows, found by key.
+        whole = not keys or node.emit_on_close or step.closes is not None
+        if whole:
+            before = state.table()
+            done = step.run(delta, before, {i: s.table() for i, s in ms_state.items()})
+        else:
+            found = {i: s.find(delta) for i, s in ms_state.items()}
+            found[None] = state.find(delta)
+            before = found[None].rows
+            done = step.run(delta, before, {i: f.rows for i, f in found.items()
+                                            if i is not None}, keep_after=False)
 
         def kept(rows: pa.Table) -> pa.Table:  # a closed window's group is never touched
             return step.open_rows(rows, marks[1])
-        lc.fresh[node.id] = kept(done.after)
-        lc.stage(node.id, done.changes, before, kept, newest(keys), keys)
+        live = done.changes.filter(pc.not_equal(done.changes[COUNT], 0))
+        lc.fresh[node.id] = KeyedRows(kept(done.after), keys) if whole else \
+            state.replace(found[None], live)
+        lc.stage(node.id, done.changes, state.table, kept, newest(keys), keys)
         for i, (changes, after) in done.ms.items():
             table = node.multiset_table(i)
-            lc.fresh[table] = kept(after)
-            lc.stage(table, changes, ms_before[i], kept, newest([*keys, "v"]), keys)
+            lc.fresh[table] = KeyedRows(kept(after), keys) if whole else \
+                ms_state[i].replace(found[i], after)
+            lc.stage(table, changes, ms_state[i].table, kept, newest([*keys, "v"]), keys)
         if node.emit_on_close:  # the final rows of the groups whose window closes
             return self.output(step.closing(done.table, before, *marks), shape)
         return self.output(done.table, shape)
@@ -302,7 +319,7 @@ class AggregateKernel:
             new_exists = pa.array([True] * table.num_rows, pa.bool_())
         same = pc.and_(old_exists, new_exists)
         for a, b in zip(old_v, new_v):
-            same = pc.and_(same, _same(a, b))
+            same = pc.and_(same, same_values(a, b))
         changed = pc.and_(table["_touched"], pc.invert(same))
         parts = []
         for vals, exists, weight in ((old_v, old_exists, -1), (new_v, new_exists, 1)):
@@ -311,15 +328,6 @@ class AggregateKernel:
             parts.append(part.append_column(
                 WEIGHT, pa.array([weight] * part.num_rows, pa.int64())))
         return concat(parts, out)
-
-
-def _same(a: pa.ChunkedArray, b: pa.ChunkedArray) -> pa.ChunkedArray:
-    """Spark's ``a <=> b``: both NULL, or equal (NaN equals NaN, as Spark compares)."""
-    equal = pc.equal(a, b)
-    if pa.types.is_floating(a.type):
-        equal = pc.or_(equal, pc.and_(pc.is_nan(a), pc.is_nan(b)))
-    both_null = pc.and_(pc.is_null(a), pc.is_null(b))
-    return pc.or_(pc.fill_null(equal, False), both_null)
 
 
 class JoinKernel:
@@ -392,5 +400,5 @@ class JoinKernel:
         names = op.stored_names(s)
         kept = arrow_schema(self.stored(s, delta))
         merge = functools.partial(summed, schema=kept)
-        lc.stage(table, delta.rename_columns(names).cast(kept), before,
+        lc.stage(table, delta.rename_columns(names).cast(kept), lambda: before,
                  lambda rows: merge(rows.rename_columns(names)), merge, op.stored_keys(s))

@@ -1,0 +1,241 @@
+"""A state table's rows found by key, for the driver path's run-long state cache
+(``kernels.LocalContext.keyed``): a batch reaches the rows of the keys it touches in
+O(its keys x log(state)), never scanning the rest, and replaces them in O(its keys) plus an
+amortized share of a rebuild.
+
+Rows live in two runs, each sorted by a 64-bit hash of the key columns (``key_hash``): a
+``base`` run with a mask of the rows since replaced, and a small ``recent`` run of the rows
+written since the base was built. A lookup binary-searches both runs for the hashes of the
+keys asked, then compares the key columns themselves (NULL equals NULL, NaN equals NaN, as
+Spark groups), so a hash collision costs a comparison, never a wrong row. When the recent
+run outgrows a quarter of the base, the two merge into a new base (two sorted runs: a
+linear merge). Each version is immutable: a batch that fails leaves the cache's version of
+the rows before it intact.
+
+Keys of a type ``key_hash`` does not cover (decimals, nested types) fall back to a scan of
+all rows per lookup: still correct, O(state).
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.compute as pc
+
+from octo_platform.runtime.operators.arrow import concat, key_join, normal_floats, safe_keys
+
+__all__ = ["KeyedRows", "Found", "key_hash", "same_values"]
+
+_NULL = np.uint64(0x9E3779B97F4A7C15)  # a NULL key column's hash
+_PRIME = np.uint64(0x100000001B3)
+
+
+def same_values(a: pa.ChunkedArray | pa.Array, b: pa.ChunkedArray | pa.Array
+                ) -> pa.ChunkedArray | pa.Array:
+    """Spark's ``a <=> b``: both NULL, or equal (NaN equals NaN, as Spark compares)."""
+    equal = pc.equal(a, b)
+    if pa.types.is_floating(a.type):
+        equal = pc.or_(equal, pc.and_(pc.is_nan(a), pc.is_nan(b)))
+    both_null = pc.and_(pc.is_null(a), pc.is_null(b))
+    return pc.or_(pc.fill_null(equal, False), both_null)
+
+
+def _mix(h: np.ndarray) -> np.ndarray:
+    """splitmix64's finalizer: a bijection of uint64 that spreads every input bit."""
+    h = (h ^ (h >> np.uint64(30))) * np.uint64(0xBF58476D1CE4E5B9)
+    h = (h ^ (h >> np.uint64(27))) * np.uint64(0x94D049BB133111EB)
+    return h ^ (h >> np.uint64(31))
+
+
+def _words(col: pa.Array) -> np.ndarray | None:
+    """A column's values as uint64 words equal where the values are (NULLs: any word);
+    None for a type this does not cover."""
+    t = col.type
+    if pa.types.is_null(t):
+        return np.zeros(len(col), np.uint64)
+    if pa.types.is_boolean(t):
+        col = pc.cast(col, pa.int64())
+    elif pa.types.is_floating(t):
+        col = normal_floats(pa.table({"x": col.cast(pa.float64())}))["x"].combine_chunks()
+        col = col.view(pa.int64())
+    elif pa.types.is_string(t) or pa.types.is_binary(t) or pa.types.is_large_string(t) \
+            or pa.types.is_large_binary(t):
+        return _bytes_hash(col.cast(pa.large_binary()))
+    elif pa.types.is_date32(t) or pa.types.is_time32(t):
+        col = col.view(pa.int32()).cast(pa.int64())
+    elif pa.types.is_timestamp(t) or pa.types.is_date64(t) or pa.types.is_time64(t) \
+            or pa.types.is_duration(t):
+        col = col.view(pa.int64())
+    elif not pa.types.is_integer(t):
+        return None
+    values = pc.fill_null(col.cast(pa.int64()) if not pa.types.is_uint64(t) else col, 0)
+    return values.to_numpy(zero_copy_only=False).astype(np.int64).view(np.uint64)
+
+
+def _bytes_hash(col: pa.Array) -> np.ndarray:
+    """A polynomial hash (mod 2^64) of each value's bytes, its length mixed in."""
+    n = len(col)
+    offsets = np.frombuffer(col.buffers()[1], np.int64)[col.offset:col.offset + n + 1]
+    lengths = np.diff(offsets)
+    out = lengths.astype(np.uint64)
+    total = int(offsets[-1] - offsets[0])
+    if not total:
+        return out
+    data = col.buffers()[2]
+    raw = np.frombuffer(data, np.uint8)[offsets[0]:offsets[-1]].astype(np.uint64)
+    starts = offsets[:-1] - offsets[0]
+    position = np.arange(total, dtype=np.int64) - np.repeat(starts, lengths)
+    powers = np.cumprod(np.full(int(lengths.max()), _PRIME, np.uint64))
+    full = lengths > 0
+    sums = np.add.reduceat((raw + np.uint64(1)) * powers[position], starts[full])
+    out[full] ^= _mix(sums)
+    return out
+
+
+def key_hash(table: pa.Table, keys: list[str]) -> np.ndarray | None:
+    """Per row, a 64-bit hash of ``keys`` (equal keys, equal hashes); None when a key's
+    type is not covered."""
+    h = np.zeros(table.num_rows, np.uint64)
+    for k in keys:
+        col = table.column(k).combine_chunks()
+        words = _words(col)
+        if words is None:
+            return None
+        valid = col.is_valid().to_numpy(zero_copy_only=False)
+        h = _mix(h * _PRIME ^ np.where(valid, _mix(words), _NULL))
+    return h
+
+
+class _Run:
+    """Rows sorted by their keys' hash."""
+
+    def __init__(self, rows: pa.Table, hashes: np.ndarray, *, ordered: bool = False) -> None:
+        if not ordered:
+            order = np.argsort(hashes, kind="stable")
+            rows, hashes = rows.take(pa.array(order)), hashes[order]
+        self.rows, self.hashes = rows, hashes
+
+    def pairs(self, hashes: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """(i, j) for each asked hash ``hashes[i]`` and row ``j`` of that hash."""
+        order = np.argsort(hashes)  # sorted, each search starts where the last one ended
+        ordered = hashes[order]
+        lo = np.searchsorted(self.hashes, ordered, "left")
+        counts = np.searchsorted(self.hashes, ordered, "right") - lo
+        asked = np.repeat(order, counts)
+        first = np.repeat(lo - np.concatenate([[0], np.cumsum(counts)[:-1]]), counts)
+        return asked, first + np.arange(len(asked))
+
+
+@dataclass(frozen=True)
+class Found:
+    """What ``KeyedRows.find`` found: the ``rows`` of the distinct keys ``asked``, and
+    where they are (positions in the base and the recent run)."""
+
+    rows: pa.Table
+    asked: pa.Table
+    base: np.ndarray = field(default_factory=lambda: np.zeros(0, np.int64))
+    recent: np.ndarray = field(default_factory=lambda: np.zeros(0, np.int64))
+
+
+class KeyedRows:
+    """Rows found by the values of ``keys`` (several rows may share a key: a multiset's
+    values). ``find`` gives the rows of some keys; ``replace`` gives a new version where
+    the rows of some keys are replaced."""
+
+    def __init__(self, rows: pa.Table, keys: list[str]) -> None:
+        self.keys, self.schema = keys, rows.schema
+        hashes = key_hash(rows, keys) if keys else None
+        self._scan: pa.Table | None = rows if hashes is None else None
+        if hashes is not None:
+            self._base = _Run(rows, hashes)
+            self._dead = np.zeros(rows.num_rows, bool)
+            self._recent = _Run(rows.schema.empty_table(), hashes[:0], ordered=True)
+
+    @property
+    def num_rows(self) -> int:
+        if self._scan is not None:
+            return self._scan.num_rows
+        return int(len(self._dead) - self._dead.sum()) + self._recent.rows.num_rows
+
+    def table(self) -> pa.Table:
+        """Every row (in no particular order)."""
+        if self._scan is not None:
+            return self._scan
+        live = self._base.rows.filter(pa.array(~self._dead))
+        return concat([live, self._recent.rows], self.schema)
+
+    def find(self, probe: pa.Table) -> Found:
+        """The rows whose key equals (``<=>``) some row of ``probe[keys]``."""
+        asked = self._distinct(probe)
+        if self._scan is not None:
+            return Found(self._scan_matches(asked, "left semi"), asked)
+        hashes = key_hash(asked, self.keys)
+        base = self._matches(self._base, asked, hashes)
+        base = base[~self._dead[base]]
+        recent = self._matches(self._recent, asked, hashes)
+        rows = concat([self._base.rows.take(pa.array(base)),
+                       self._recent.rows.take(pa.array(recent))], self.schema)
+        return Found(rows, asked, base, recent)
+
+    def replace(self, found: Found, rows: pa.Table) -> KeyedRows:
+        """A new version: without the rows ``found`` (by ``find``), with ``rows`` (whose
+        keys are among the keys ``found`` was asked for)."""
+        rows = rows.select(self.schema.names).cast(self.schema)
+        new = object.__new__(KeyedRows)
+        new.keys, new.schema = self.keys, self.schema
+        if self._scan is not None:
+            new._scan = concat([self._scan_matches(found.asked, "left anti"), rows],
+                               self.schema)
+            return new
+        new._scan = None
+        dead = self._dead.copy()
+        dead[found.base] = True
+        stay = np.ones(self._recent.rows.num_rows, bool)
+        stay[found.recent] = False
+        kept = _Run(self._recent.rows.filter(pa.array(stay)), self._recent.hashes[stay],
+                    ordered=True)
+        added = _Run(rows, key_hash(rows, self.keys))
+        recent = _merged(kept, added)
+        live = len(dead) - int(dead.sum())
+        if recent.rows.num_rows * 4 > live:  # rebuild: one sorted run of every row
+            old = _Run(self._base.rows.filter(pa.array(~dead)), self._base.hashes[~dead],
+                       ordered=True)
+            new._base, new._dead = _merged(old, recent), np.zeros(live + len(recent.hashes),
+                                                                   bool)
+            new._recent = _Run(self.schema.empty_table(), recent.hashes[:0], ordered=True)
+        else:
+            new._base, new._dead, new._recent = self._base, dead, recent
+        return new
+
+    def _distinct(self, probe: pa.Table) -> pa.Table:
+        keys = normal_floats(probe.select(self.keys))  # as ``same_values`` compares
+        return keys.group_by(self.keys, use_threads=False).aggregate([])
+
+    def _matches(self, run: _Run, asked: pa.Table, hashes: np.ndarray) -> np.ndarray:
+        """Positions in ``run`` of the rows whose key is one of ``asked``'s (distinct)."""
+        i, j = run.pairs(hashes)
+        if not len(j):
+            return j
+        equal = pa.array(np.ones(len(j), bool))
+        ii, jj = pa.array(i), pa.array(j)
+        for k in self.keys:
+            equal = pc.and_(equal, same_values(asked.column(k).take(ii),
+                                               run.rows.column(k).take(jj)))
+        return j[equal.to_numpy(zero_copy_only=False)]
+
+    def _scan_matches(self, asked: pa.Table, how: str) -> pa.Table:
+        assert self._scan is not None
+        rows, names = self._scan, self._scan.column_names
+        ok, ocols = safe_keys(normal_floats(rows), self.keys, "_o")
+        pk, pcols = safe_keys(asked, self.keys, "_p")
+        return key_join(ok, pk.select(pcols), ocols, pcols, how).select(names)
+
+
+def _merged(a: _Run, b: _Run) -> _Run:
+    """Two sorted runs as one (a stable sort of two runs is a linear merge)."""
+    if not b.rows.num_rows:
+        return a
+    if not a.rows.num_rows:
+        return b
+    return _Run(pa.concat_tables([a.rows, b.rows]), np.concatenate([a.hashes, b.hashes]))
