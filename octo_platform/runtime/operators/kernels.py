@@ -31,7 +31,7 @@ from octo_platform.runtime.operators.aggregate_kernel import aggregate_step, liv
 from octo_platform.runtime.operators.context import BatchContext, bucket_sql
 from octo_platform.runtime.operators.join import Join
 from octo_platform.runtime.operators.join_kernel import summed
-from octo_platform.runtime.operators.keyed_rows import KeyedRows, same_values
+from octo_platform.runtime.operators.keyed_rows import Found, KeyedRows, same_values
 from octo_platform.runtime.operators.spark_hash import hashable, spark_hash, spark_pmod
 from octo_platform.runtime.state_log import StateFile, compaction, latest, read_log, \
     with_batch
@@ -349,14 +349,19 @@ class JoinKernel:
         types = lc.once(f"keys:{node.id}", lambda: op.key_types(
             lc.frame(frames["l"]), lc.frame(frames["r"])))
         keyed = {s: self.keyed(s, frames[s], types) for s in "lr"}
-        old = {s: self.before(s, keyed[s]) for s in "lr"}
+        kcols = self.step.kcols
+        state = {s: self.before(s, keyed[s]) for s in "lr"}
+        # each side's rows of the join keys the batch touches, on either side
+        found = {s: state[s].find(concat([keyed[x].select(list(kcols[x])).rename_columns(
+            list(kcols[s])) for x in "lr"], keyed[s].select(list(kcols[s])).schema))
+            for s in "lr"}
 
         def on(what: str, rows: pa.Table) -> pa.Table:
             return lc.sql(f"{node.id}:{what}", rows, lambda df: df.filter(node.residual))
 
-        out, delta = self.step.run(keyed, old, on)
+        out, delta = self.step.run(keyed, {s: found[s].rows for s in "lr"}, on)
         for s in "lr":
-            self.stage(s, old[s], delta[s])
+            self.stage(s, state[s], found[s], delta[s])
         return out
 
     def keyed(self, s: str, rows: pa.Table, types: list[str]) -> pa.Table:
@@ -379,8 +384,9 @@ class JoinKernel:
         return lc.once(f"side:{self.node.id}:{s}:{keyed.schema}",
                        lambda: self.op.stored_schema(s, lc.frame(keyed).schema))
 
-    def before(self, s: str, keyed: pa.Table) -> pa.Table:
-        """Side ``s``'s rows (``Join.row``) before the batch, from the run's cache."""
+    def before(self, s: str, keyed: pa.Table) -> KeyedRows:
+        """Side ``s``'s rows (``Join.row``) before the batch, from the run's cache, found
+        by join key."""
         table = self.node.side_table(self.op.SIDES[s])
         stored = self.stored(s, keyed)
         names = self.step.row(s)
@@ -389,16 +395,19 @@ class JoinKernel:
             rows = _read_files(files, arrow_schema(stored))
             return None if rows is None else rows.rename_columns(names)
         return self.lc.cached(table, lambda: read_log(
-            self.lc.spark, self.lc.ctx.state_log(table), stored).toDF(*names), local)
+            self.lc.spark, self.lc.ctx.state_log(table), stored).toDF(*names), local,
+            list(self.step.kcols[s]))
 
-    def stage(self, s: str, before: pa.Table, delta: pa.Table) -> None:
+    def stage(self, s: str, state: KeyedRows, found: Found, delta: pa.Table) -> None:
         """Stage the batch's rows of side ``s`` (``delta``, consolidated) for its log, and
-        keep the side's rows after the batch for the cache."""
+        keep the side's rows after the batch for the cache: the keys' rows ``found``
+        before it, with the batch's, consolidated."""
         op, lc = self.op, self.lc
         table = self.node.side_table(op.SIDES[s])
-        lc.fresh[table] = concat([before, delta], before.schema)
+        lc.fresh[table] = state.replace(found, self.step.consolidated(
+            s, concat([found.rows, delta], found.rows.schema)))
         names = op.stored_names(s)
         kept = arrow_schema(self.stored(s, delta))
         merge = functools.partial(summed, schema=kept)
-        lc.stage(table, delta.rename_columns(names).cast(kept), lambda: before,
+        lc.stage(table, delta.rename_columns(names).cast(kept), state.table,
                  lambda rows: merge(rows.rename_columns(names)), merge, op.stored_keys(s))
