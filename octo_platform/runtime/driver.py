@@ -57,7 +57,7 @@ if TYPE_CHECKING:
 __all__ = ["DEFAULT_DRIVER_ROWS", "plan_runs_in_driver", "input_rows", "run_in_driver",
            "Unsupported"]
 
-DEFAULT_DRIVER_ROWS = 10_000
+DEFAULT_DRIVER_ROWS = 100_000
 _TEXT_BYTES_PER_ROW = 4096  # a text file bigger than this per allowed row is not counted
 _W = quote(WEIGHT)
 _SIGN = "__octo_sign"

@@ -31,7 +31,7 @@ from octo_platform.runtime.operators.aggregate_kernel import aggregate_step, liv
 from octo_platform.runtime.operators.context import BatchContext, bucket_sql
 from octo_platform.runtime.operators.join import Join
 from octo_platform.runtime.operators.join_kernel import summed
-from octo_platform.runtime.operators.keyed_rows import Found, KeyedRows, same_values
+from octo_platform.runtime.operators.keyed_rows import KeyedRows, same_values
 from octo_platform.runtime.operators.spark_hash import hashable, spark_hash, spark_pmod
 from octo_platform.runtime.state_log import StateFile, compaction, latest, read_log, \
     with_batch
@@ -361,7 +361,7 @@ class JoinKernel:
 
         out, delta = self.step.run(keyed, {s: found[s].rows for s in "lr"}, on)
         for s in "lr":
-            self.stage(s, state[s], found[s], delta[s])
+            self.stage(s, state[s], delta[s])
         return out
 
     def keyed(self, s: str, rows: pa.Table, types: list[str]) -> pa.Table:
@@ -398,14 +398,13 @@ class JoinKernel:
             self.lc.spark, self.lc.ctx.state_log(table), stored).toDF(*names), local,
             list(self.step.kcols[s]))
 
-    def stage(self, s: str, state: KeyedRows, found: Found, delta: pa.Table) -> None:
+    def stage(self, s: str, state: KeyedRows, delta: pa.Table) -> None:
         """Stage the batch's rows of side ``s`` (``delta``, consolidated) for its log, and
-        keep the side's rows after the batch for the cache: the keys' rows ``found``
-        before it, with the batch's, consolidated."""
+        keep the side's rows after the batch for the cache (the batch's rows added: a
+        retraction is a row of negative weight, as in the log)."""
         op, lc = self.op, self.lc
         table = self.node.side_table(op.SIDES[s])
-        lc.fresh[table] = state.replace(found, self.step.consolidated(
-            s, concat([found.rows, delta], found.rows.schema)))
+        lc.fresh[table] = state.add(delta)
         names = op.stored_names(s)
         kept = arrow_schema(self.stored(s, delta))
         merge = functools.partial(summed, schema=kept)

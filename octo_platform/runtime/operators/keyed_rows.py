@@ -69,8 +69,11 @@ def _words(col: pa.Array) -> np.ndarray | None:
         col = col.view(pa.int64())
     elif not pa.types.is_integer(t):
         return None
-    values = pc.fill_null(col.cast(pa.int64()) if not pa.types.is_uint64(t) else col, 0)
-    return values.to_numpy(zero_copy_only=False).astype(np.int64).view(np.uint64)
+    if not pa.types.is_uint64(col.type):
+        col = col.cast(pa.int64())
+    if col.null_count:
+        col = pc.fill_null(col, 0)
+    return col.to_numpy(zero_copy_only=False).astype(np.int64, copy=False).view(np.uint64)
 
 
 def _bytes_hash(col: pa.Array) -> np.ndarray:
@@ -102,22 +105,27 @@ def key_hash(table: pa.Table, keys: list[str]) -> np.ndarray | None:
         words = _words(col)
         if words is None:
             return None
-        valid = col.is_valid().to_numpy(zero_copy_only=False)
-        h = _mix(h * _PRIME ^ np.where(valid, _mix(words), _NULL))
+        if col.null_count:
+            words = np.where(col.is_valid().to_numpy(zero_copy_only=False), words, _NULL)
+        h = _mix(h * _PRIME ^ words)
     return h
 
 
 class _Run:
-    """Rows sorted by their keys' hash."""
+    """Rows (in any order) and their keys' hashes, sorted: row ``at[j]`` has hash
+    ``hashes[j]``. Merging runs copies no rows: tables concatenate by chunks."""
 
-    def __init__(self, rows: pa.Table, hashes: np.ndarray, *, ordered: bool = False) -> None:
-        if not ordered:
-            order = np.argsort(hashes, kind="stable")
-            rows, hashes = rows.take(pa.array(order)), hashes[order]
-        self.rows, self.hashes = rows, hashes
+    def __init__(self, rows: pa.Table, hashes: np.ndarray, at: np.ndarray) -> None:
+        self.rows, self.hashes, self.at = rows, hashes, at
+
+    @staticmethod
+    def of(rows: pa.Table, hashes: np.ndarray) -> _Run:
+        order = np.argsort(hashes)
+        return _Run(rows, hashes[order], order)
 
     def pairs(self, hashes: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-        """(i, j) for each asked hash ``hashes[i]`` and row ``j`` of that hash."""
+        """(i, j) for each asked hash ``hashes[i]`` and sorted position ``j`` of that
+        hash."""
         order = np.argsort(hashes)  # sorted, each search starts where the last one ended
         ordered = hashes[order]
         lo = np.searchsorted(self.hashes, ordered, "left")
@@ -126,11 +134,32 @@ class _Run:
         first = np.repeat(lo - np.concatenate([[0], np.cumsum(counts)[:-1]]), counts)
         return asked, first + np.arange(len(asked))
 
+    def take(self, positions: np.ndarray) -> pa.Table:
+        return self.rows.take(pa.array(self.at[positions]))
+
+    def without(self, positions: np.ndarray) -> _Run:
+        keep = np.ones(len(self.hashes), bool)
+        keep[positions] = False
+        return _Run(self.rows, self.hashes[keep], self.at[keep])
+
+    def merged(self, other: _Run) -> _Run:
+        """Both runs as one (a stable sort of two sorted runs is a linear merge); rows no
+        position names are dropped once they outnumber the rest."""
+        rows = pa.concat_tables([self.rows, other.rows])
+        hashes = np.concatenate([self.hashes, other.hashes])
+        at = np.concatenate([self.at, other.at + self.rows.num_rows])
+        order = np.argsort(hashes, kind="stable")
+        run = _Run(rows, hashes[order], at[order])
+        if rows.num_rows > 2 * len(at) or rows.column(0).num_chunks > 64:
+            run = _Run(run.rows.take(pa.array(run.at)), run.hashes,
+                       np.arange(len(run.at), dtype=np.int64))
+        return run
+
 
 @dataclass(frozen=True)
 class Found:
     """What ``KeyedRows.find`` found: the ``rows`` of the distinct keys ``asked``, and
-    where they are (positions in the base and the recent run)."""
+    where they are (sorted positions in the base and the recent run)."""
 
     rows: pa.Table
     asked: pa.Table
@@ -148,22 +177,24 @@ class KeyedRows:
         hashes = key_hash(rows, keys) if keys else None
         self._scan: pa.Table | None = rows if hashes is None else None
         if hashes is not None:
-            self._base = _Run(rows, hashes)
-            self._dead = np.zeros(rows.num_rows, bool)
-            self._recent = _Run(rows.schema.empty_table(), hashes[:0], ordered=True)
+            self._base = _Run.of(rows, hashes)
+            self._dead = np.zeros(rows.num_rows, bool)  # by sorted position in the base
+            self._recent = _Run(rows.schema.empty_table(), hashes[:0], hashes[:0].view(
+                np.int64))
 
     @property
     def num_rows(self) -> int:
         if self._scan is not None:
             return self._scan.num_rows
-        return int(len(self._dead) - self._dead.sum()) + self._recent.rows.num_rows
+        return int(len(self._dead) - self._dead.sum()) + len(self._recent.at)
 
     def table(self) -> pa.Table:
         """Every row (in no particular order)."""
         if self._scan is not None:
             return self._scan
-        live = self._base.rows.filter(pa.array(~self._dead))
-        return concat([live, self._recent.rows], self.schema)
+        live = np.flatnonzero(~self._dead)
+        return concat([self._base.take(live), self._recent.take(np.arange(len(
+            self._recent.at)))], self.schema)
 
     def find(self, probe: pa.Table) -> Found:
         """The rows whose key equals (``<=>``) some row of ``probe[keys]``."""
@@ -174,8 +205,7 @@ class KeyedRows:
         base = self._matches(self._base, asked, hashes)
         base = base[~self._dead[base]]
         recent = self._matches(self._recent, asked, hashes)
-        rows = concat([self._base.rows.take(pa.array(base)),
-                       self._recent.rows.take(pa.array(recent))], self.schema)
+        rows = concat([self._base.take(base), self._recent.take(recent)], self.schema)
         return Found(rows, asked, base, recent)
 
     def replace(self, found: Found, rows: pa.Table) -> KeyedRows:
@@ -191,22 +221,20 @@ class KeyedRows:
         new._scan = None
         dead = self._dead.copy()
         dead[found.base] = True
-        stay = np.ones(self._recent.rows.num_rows, bool)
-        stay[found.recent] = False
-        kept = _Run(self._recent.rows.filter(pa.array(stay)), self._recent.hashes[stay],
-                    ordered=True)
-        added = _Run(rows, key_hash(rows, self.keys))
-        recent = _merged(kept, added)
+        recent = self._recent.without(found.recent).merged(
+            _Run.of(rows, key_hash(rows, self.keys)))
         live = len(dead) - int(dead.sum())
-        if recent.rows.num_rows * 4 > live:  # rebuild: one sorted run of every row
-            old = _Run(self._base.rows.filter(pa.array(~dead)), self._base.hashes[~dead],
-                       ordered=True)
-            new._base, new._dead = _merged(old, recent), np.zeros(live + len(recent.hashes),
-                                                                   bool)
-            new._recent = _Run(self.schema.empty_table(), recent.hashes[:0], ordered=True)
+        if len(recent.at) * 4 > live:  # rebuild: one run of every row
+            base = self._base.without(np.flatnonzero(dead)).merged(recent)
+            new._base, new._dead = base, np.zeros(len(base.at), bool)
+            new._recent = _Run(self.schema.empty_table(), base.hashes[:0], base.at[:0])
         else:
             new._base, new._dead, new._recent = self._base, dead, recent
         return new
+
+    def add(self, rows: pa.Table) -> KeyedRows:
+        """A new version with ``rows`` added (a multiset's rows: none replaced)."""
+        return self.replace(Found(self.schema.empty_table(), self.schema.empty_table()), rows)
 
     def _distinct(self, probe: pa.Table) -> pa.Table:
         keys = normal_floats(probe.select(self.keys))  # as ``same_values`` compares
@@ -218,7 +246,7 @@ class KeyedRows:
         if not len(j):
             return j
         equal = pa.array(np.ones(len(j), bool))
-        ii, jj = pa.array(i), pa.array(j)
+        ii, jj = pa.array(i), pa.array(run.at[j])
         for k in self.keys:
             equal = pc.and_(equal, same_values(asked.column(k).take(ii),
                                                run.rows.column(k).take(jj)))
@@ -230,12 +258,3 @@ class KeyedRows:
         ok, ocols = safe_keys(normal_floats(rows), self.keys, "_o")
         pk, pcols = safe_keys(asked, self.keys, "_p")
         return key_join(ok, pk.select(pcols), ocols, pcols, how).select(names)
-
-
-def _merged(a: _Run, b: _Run) -> _Run:
-    """Two sorted runs as one (a stable sort of two runs is a linear merge)."""
-    if not b.rows.num_rows:
-        return a
-    if not a.rows.num_rows:
-        return b
-    return _Run(pa.concat_tables([a.rows, b.rows]), np.concatenate([a.hashes, b.hashes]))
