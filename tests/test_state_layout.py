@@ -101,6 +101,13 @@ def test_state_is_partitioned_by_the_bucket_of_its_key(spark, tmp_path):
         rows = spark.read.format("parquet").load(str(side)).selectExpr(
             "_bucket", "pmod(hash(k0), 4) AS want", f"k0 = {key}").collect()
         assert len(rows) > 40 and all(r[0] == r[1] and r[2] for r in rows), side
+    for log in (operator, *sides):  # a batch's files of a log are one write on either path,
+        writes: dict[str, set[str]] = {}  # as compaction counts writes, not files
+        for f in log.glob("_bucket=*/*.parquet"):
+            prefix, batch = f.name.split("-")[:2]  # a compaction's base or delta, the batch's
+            writes.setdefault(f"{prefix}-{batch}", set()).add(
+                state_log.generation({"path": f.name}))
+        assert all(len(w) == 1 for w in writes.values()), (log, writes)
 
 
 def test_state_of_another_layout_is_refused(spark, tmp_path):

@@ -274,9 +274,11 @@ def write_local(outputs: list[LocalOutput], *, batch: int, store: Store) -> dict
 
     open_output = store.opener()
 
+    tokens = {id(o): f"{file_token(o.prefix, batch)}-d" for o in outputs}  # one per write
+
     def write(part: tuple[LocalOutput, int | None, pa.Table]) -> dict[str, Any]:
         o, bucket, rows = part
-        token = f"{file_token(o.prefix, batch)}-d"
+        token = tokens[id(o)]
         rel = f"{token}.parquet" if bucket is None else f"{BUCKET}={bucket}/{token}.parquet"
         stream = open_output(o.path, rel)
         pq.write_table(rows, stream, **parquet_options(rows.schema))

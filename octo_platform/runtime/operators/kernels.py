@@ -351,10 +351,12 @@ class JoinKernel:
         keyed = {s: self.keyed(s, frames[s], types) for s in "lr"}
         kcols = self.step.kcols
         state = {s: self.before(s, keyed[s]) for s in "lr"}
-        # each side's rows of the join keys the batch touches, on either side
+        # each side's rows of the join keys the other side's rows touch (what an inner
+        # join matches), or of those either side touches (outer, semi, anti: a row's
+        # matches before and after the batch)
         found = {s: state[s].find(concat([keyed[x].select(list(kcols[x])).rename_columns(
-            list(kcols[s])) for x in "lr"], keyed[s].select(list(kcols[s])).schema))
-            for s in "lr"}
+            list(kcols[s])) for x in "lr" if x != s or self.step.kind != "inner"],
+            keyed[s].select(list(kcols[s])).schema)) for s in "lr"}
 
         def on(what: str, rows: pa.Table) -> pa.Table:
             return lc.sql(f"{node.id}:{what}", rows, lambda df: df.filter(node.residual))
