@@ -2,8 +2,9 @@
 Δ and the state of the keys it touches -> output Δ and state changes, with no Spark job.
 
 State is found by key: each state table's rows live in a cache that lasts the whole run
-(``LocalContext.cached``), loaded once from the versions the batch log pins and then
-updated from each batch's own state changes; an entry whose version is not the pinned one
+(``LocalContext.cached``, indexed by the operator's key: ``keyed_rows.KeyedRows``), loaded
+once from the versions the batch log pins and then updated from each batch's own state
+changes, so a batch reaches the rows of the keys it touches and no others; an entry whose version is not the pinned one
 (a Spark-path batch ran in between, or a retry) is reloaded, never trusted. The kernels
 write the same state tables, in the same format, as the Spark path (``aggregate_tasks``,
 ``join_tasks``), so a run may switch paths between any two batches; GROUP BY's and joins'
