@@ -273,7 +273,6 @@ def write_local(outputs: list[LocalOutput], *, batch: int, store: Store) -> dict
     import pyarrow.parquet as pq
 
     open_output = store.opener()
-
     tokens = {id(o): f"{file_token(o.prefix, batch)}-d" for o in outputs}  # one per write
 
     def write(part: tuple[LocalOutput, int | None, pa.Table]) -> dict[str, Any]:

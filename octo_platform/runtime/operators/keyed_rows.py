@@ -1,16 +1,17 @@
 """A state table's rows found by key, for the driver path's run-long state cache
-(``kernels.LocalContext.keyed``): a batch reaches the rows of the keys it touches in
-O(its keys x log(state)), never scanning the rest, and replaces them in O(its keys) plus an
-amortized share of a rebuild.
+(``kernels.LocalContext.cached`` with ``keys``): a batch reaches the rows of the keys it
+touches in O(its keys x log(state)), never scanning the rest, and replaces them in O(its
+keys) plus an amortized share of a merge.
 
-Rows live in two runs, each sorted by a 64-bit hash of the key columns (``key_hash``): a
-``base`` run with a mask of the rows since replaced, and a small ``recent`` run of the rows
-written since the base was built. A lookup binary-searches both runs for the hashes of the
-keys asked, then compares the key columns themselves (NULL equals NULL, NaN equals NaN, as
-Spark groups), so a hash collision costs a comparison, never a wrong row. When the recent
-run outgrows a quarter of the base, the two merge into a new base (two sorted runs: a
-linear merge). Each version is immutable: a batch that fails leaves the cache's version of
-the rows before it intact.
+Rows live in two runs, each an Arrow table in any order with an index: a 64-bit hash of the
+key columns per row (``key_hash``), sorted, with each hash's row. The ``base`` run has a
+mask of the rows since replaced; a small ``recent`` run holds the rows written since the
+base was built. A lookup binary-searches both indexes for the hashes of the keys asked,
+then compares the key columns themselves (NULL equals NULL, NaN equals NaN, -0.0 equals
+0.0, as Spark groups), so a hash collision costs a comparison, never a wrong row. When the
+recent run outgrows a quarter of the base, the two merge into a new base (two sorted
+indexes: a linear merge; the tables concatenate by chunks). Each version is immutable: a
+batch that fails leaves the cache's version of the rows before it intact.
 
 Keys of a type ``key_hash`` does not cover (decimals, nested types) fall back to a scan of
 all rows per lookup: still correct, O(state).
