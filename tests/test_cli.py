@@ -47,6 +47,20 @@ def test_bad_sql_fails_before_anything_is_written(tmp_path):
     assert not (root / "warehouse").exists()
 
 
+def test_a_batch_too_large_for_the_driver_to_collect_runs_on_the_spark_path(tmp_path):
+    """A batch under ``--driver-rows`` whose parsed rows outgrow
+    ``spark.driver.maxResultSize`` is run by the Spark path at once: no failed attempt."""
+    root = project(tmp_path)
+    rows = [{"auction": i % 7, "price": i, "note": "x" * 500} for i in range(4000)]
+    (root / "data" / "bids" / "b.json").write_text("\n".join(map(json.dumps, rows)) + "\n")
+    res = octo("run", "--all", "--until-idle", "--conf", "spark.driver.maxResultSize=1m",
+               cwd=root)
+    assert res.returncode == 0, res.stderr
+    assert "failed" not in res.stdout + res.stderr, res.stdout + res.stderr
+    line = next(ln for ln in res.stdout.splitlines() if ln.startswith("[stats] batch 0"))
+    assert "4010 rows in" in line and "c=7" in line and line.endswith("spark path"), line
+
+
 def test_unknown_table_and_usage(tmp_path):
     root = project(tmp_path)
     res = octo("run", "nope", "--until-idle", cwd=root)

@@ -56,6 +56,12 @@ _FREE_EVERY_S = 10.0
 _freed = [time.monotonic()]
 
 
+def _result_too_large(error: BaseException) -> bool:
+    """Whether ``error`` is Spark refusing to send the driver more than
+    ``spark.driver.maxResultSize``."""
+    return "spark.driver.maxResultSize" in str(error)
+
+
 def free_jvm_objects() -> None:
     """Collect Python's garbage at most every ``_FREE_EVERY_S`` seconds. A DataFrame's
     Python object often dies in a reference cycle, and its JVM side (the query plan, and
@@ -171,6 +177,12 @@ class Pipeline:
                     versions, stats.path = {**pinned, **written}, "driver"
                 except Unsupported:
                     pass  # before anything was written: the Spark path runs the batch
+                except Exception as e:  # noqa: BLE001 - only this one is taken, below
+                    if not _result_too_large(e):
+                        raise
+                    # The batch's rows outgrow what the driver may collect (a Spark call
+                    # of the driver path, before anything was written): the Spark path
+                    # writes them from executors.
             if versions is None:
                 observed = read_inputs(self, ctx, inputs, stats)
                 versions = self.spark_batch(ctx, pinned, ts_ms, stats, resumed=resumed)
