@@ -86,3 +86,14 @@ def test_hash_is_equal_for_equal_keys_and_spreads_the_rest():
     many = pa.table({"k": np.arange(100_000)})
     assert len(np.unique(key_hash(many, ["k"]))) == 100_000
     assert key_hash(pa.table({"d": pa.array([Decimal(1)])}), ["d"]) is None
+
+
+def test_a_scan_keeps_the_values_it_does_not_compare():
+    """Keys of a type the hash does not cover are compared with floats normalized, but the
+    rows kept keep their own values (-0.0 stays -0.0)."""
+    t = pa.table({"k": pa.array([Decimal("1.00"), Decimal("2.00")], pa.decimal128(5, 2)),
+                  "x": pa.array([-0.0, 1.0])})
+    cache = KeyedRows(t, ["k"])
+    found = cache.find(t.slice(1))
+    kept = cache.replace(found, t.slice(1)).table().sort_by("k")
+    assert math.copysign(1.0, kept["x"][0].as_py()) == -1.0

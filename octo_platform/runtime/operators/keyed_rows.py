@@ -256,6 +256,10 @@ class KeyedRows:
     def _scan_matches(self, asked: pa.Table, how: str) -> pa.Table:
         assert self._scan is not None
         rows, names = self._scan, self._scan.column_names
-        ok, ocols = safe_keys(normal_floats(rows), self.keys, "_o")
-        pk, pcols = safe_keys(asked, self.keys, "_p")
+        keys = normal_floats(rows.select(self.keys))  # as ``_distinct`` made ``asked``
+        for i, k in enumerate(self.keys):  # compared as normalized, kept as they are
+            rows = rows.append_column(f"_n{i}", keys.column(k))
+        normal = [f"_n{i}" for i in range(len(self.keys))]
+        ok, ocols = safe_keys(rows, normal, "_o")
+        pk, pcols = safe_keys(asked.rename_columns(normal), normal, "_p")
         return key_join(ok, pk.select(pcols), ocols, pcols, how).select(names)
