@@ -4,8 +4,9 @@
 State is found by key: each state table's rows live in a cache that lasts the whole run
 (``LocalContext.cached``, indexed by the operator's key: ``keyed_rows.KeyedRows``), loaded
 once from the versions the batch log pins and then updated from each batch's own state
-changes, so a batch reaches the rows of the keys it touches and no others; an entry whose version is not the pinned one
-(a Spark-path batch ran in between, or a retry) is reloaded, never trusted. The kernels
+changes, so a batch reaches the rows of the keys it touches and no others; an entry whose
+version is not the pinned one (a Spark-path batch ran in between, or a retry) is reloaded,
+never trusted. The kernels
 write the same state tables, in the same format, as the Spark path (``aggregate_tasks``,
 ``join_tasks``), so a run may switch paths between any two batches; GROUP BY's and joins'
 steps (``aggregate_kernel``, ``join_kernel``) are the ones the Spark path runs in its
@@ -80,7 +81,7 @@ class LocalContext:
     ctx: BatchContext
     pinned: dict[str, int | None]
     writes: list[StagedRows] = field(default_factory=list)
-    fresh: dict[str, pa.Table] = field(default_factory=dict)
+    fresh: dict[str, KeyedRows] = field(default_factory=dict)
 
     @property
     def spark(self):
@@ -111,11 +112,11 @@ class LocalContext:
 
     def cached(self, table: str, load: Callable[[], DataFrame],
                local: Callable[[list[StateFile]], pa.Table | None],
-               keys: list[str] | None = None) -> Any:
-        """State table ``table``'s rows as of the pinned version: from the run's cache when
-        it holds that version, else loaded: with Arrow from local files (``local``, given
-        the pinned files; None when one is remote), else by Spark (``load``: the rows as a
-        Spark frame). With ``keys``, as ``KeyedRows`` found by those columns."""
+               keys: list[str]) -> KeyedRows:
+        """State table ``table``'s rows as of the pinned version, found by the columns
+        ``keys``: from the run's cache when it holds that version, else loaded: with Arrow
+        from local files (``local``, given the pinned files; None when one is remote), else
+        by Spark (``load``: the rows as a Spark frame)."""
         version = self.pinned.get(f"state/{table}")
         got = self.ctx.memo.get(f"cache:{table}")
         if got is not None and got[0] == version:
@@ -125,7 +126,7 @@ class LocalContext:
         if rows is None:
             df = load()
             rows = df.toArrow() if files else arrow_schema(df.schema).empty_table()
-        cache = rows if keys is None else KeyedRows(rows, keys)
+        cache = KeyedRows(rows, keys)
         self.ctx.memo[f"cache:{table}"] = (version, cache)
         return cache
 
@@ -241,9 +242,8 @@ class AggregateKernel:
 
         def kept(rows: pa.Table) -> pa.Table:  # a closed window's group is never touched
             return step.open_rows(rows, marks[1])
-        live = done.changes.filter(pc.not_equal(done.changes[COUNT], 0))
-        lc.fresh[node.id] = KeyedRows(kept(done.after), keys) if whole else \
-            state.replace(found[None], live)
+        lc.fresh[node.id] = KeyedRows(kept(done.after), keys) if whole else state.replace(
+            found[None], done.changes.filter(pc.not_equal(done.changes[COUNT], 0)))
         lc.stage(node.id, done.changes, state.table, kept, newest(keys), keys)
         for i, (changes, after) in done.ms.items():
             table = node.multiset_table(i)
