@@ -111,6 +111,8 @@ class DeltaSource:
         before = self.store.table_info(self.path, start)
         if before is None:
             raise self.gone(start, table)
+        # Spark reads lazily: a vacuumed file would fail the batch's job with Spark's error.
+        self.changed_files(start, end, table)
         if has_cdf and {f.name for f in before["schema"]} <= {f.name for f in info["schema"]}:
             feed = (spark.read.format("delta").option("readChangeFeed", "true")
                     .option("startingVersion", start + 1).option("endingVersion", end)
@@ -128,17 +130,8 @@ class DeltaSource:
         from pyspark.sql.pandas.types import from_arrow_type
         from pyspark.sql.types import StructField, StructType
 
-        old = self.store.snapshot(self.path, start) if start is not None else ([], pa.table({}))
-        new = self.store.snapshot(self.path, end)
-        if old is None or new is None:
-            raise self.gone(start if old is None else end, table)
-        keep = set(new[0])
-        removed = [i for i, u in enumerate(old[0]) if u not in keep]
-        keep = set(old[0])
-        added = [i for i, u in enumerate(new[0]) if u not in keep]
+        old, new, removed, added = self.changed_files(start, end, table)
         uris = [old[0][i] for i in removed] + [new[0][i] for i in added]
-        if start is not None and self.store.missing_files(self.path, uris):
-            raise self.gone(start, table)
         if not uris:
             return self.empty(spark)
         values = pa.concat_tables([old[1].take(removed), new[1].take(added)],
@@ -154,6 +147,25 @@ class DeltaSource:
             .selectExpr("*", f"_metadata.file_name AS {FILE}")
         rows = data.join(F.broadcast(spark.createDataFrame(files)), FILE)
         return self.weighted(rows, names, quote(WEIGHT))
+
+    def changed_files(self, start: int | None, end: int, table: str) -> tuple:
+        """The snapshots (file URIs, partition values) of ``start`` (none when None) and
+        ``end``, and the positions of the files ``end`` no longer has and of those it added;
+        raises ``gone`` when a version, or one of those files, was removed (vacuumed)."""
+        import pyarrow as pa
+
+        old = self.store.snapshot(self.path, start) if start is not None else ([], pa.table({}))
+        new = self.store.snapshot(self.path, end)
+        if old is None or new is None:
+            raise self.gone(start if old is None else end, table)
+        keep = set(new[0])
+        removed = [i for i, u in enumerate(old[0]) if u not in keep]
+        keep = set(old[0])
+        added = [i for i, u in enumerate(new[0]) if u not in keep]
+        uris = [old[0][i] for i in removed] + [new[0][i] for i in added]
+        if start is not None and self.store.missing_files(self.path, uris):
+            raise self.gone(start, table)
+        return old, new, removed, added
 
     def empty(self, spark: SparkSession) -> DataFrame:
         ddl = ", ".join(f"{quote(c)} {t}" for c, t in zip(self.columns, self.types))

@@ -276,3 +276,33 @@ def test_a_spark_read_table_whose_log_was_cleaned_asks_for_a_reset(spark, tmp_pa
     with pytest.raises(RunError, match=r"vacuumed.*octo reset gold"):
         run_tables(spark, tmp_path, options=default_options(buckets=4, progress=None),
                    until_idle=True)
+
+
+def test_a_spark_read_table_whose_files_were_vacuumed_asks_for_a_reset(spark, tmp_path):
+    """Spark reads lazily, so the Spark-read path checks the files of the version it resumes
+    from before it reads: once VACUUM removed them, the run asks for `octo reset` (not Spark's
+    own missing-file error); after the reset the table is rebuilt from the snapshot."""
+    dim = tmp_path / "dim"
+    spark.sql(f"CREATE TABLE delta.`{dim}` (K BIGINT, Name STRING, tier INT) USING delta "
+              "TBLPROPERTIES ('delta.enableDeletionVectors' = 'true')")
+    spark.sql(f"INSERT INTO delta.`{dim}` VALUES (1, 'a', 2), (2, 'b', 3)")
+    tables = {"gold": TABLES["gold"]}
+    sql = project_sql("connector = 'delta', path = 'dim'", tables)
+    make_project(tmp_path, sql)
+    run_tables(spark, tmp_path, options=default_options(buckets=4, progress=None), until_idle=True)
+    spark.sql(f"DELETE FROM delta.`{dim}` WHERE K IN (1, 2)")  # the whole file goes
+    spark.sql(f"INSERT INTO delta.`{dim}` VALUES (3, 'c', 2)")
+    check = "spark.databricks.delta.retentionDurationCheck.enabled"
+    spark.conf.set(check, "false")
+    try:
+        spark.sql(f"VACUUM delta.`{dim}` RETAIN 0 HOURS")
+    finally:
+        spark.conf.unset(check)
+    with pytest.raises(RunError, match=r"version 1 .*vacuumed.*octo reset gold"):
+        run_tables(spark, tmp_path, options=default_options(buckets=4, progress=None),
+                   until_idle=True)
+    assert octo(["reset", "gold", "--project", str(tmp_path)]) == 0
+    run_tables(spark, tmp_path, options=default_options(buckets=4, progress=None), until_idle=True)
+    rows = [{"k": r["K"], "name": r["Name"], "tier": r["tier"]}
+            for r in spark.read.format("delta").load(str(dim)).collect()]
+    check_tables(spark, tmp_path, sql, {"facts": [], "dim": rows}, tables, "after reset")
