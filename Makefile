@@ -21,10 +21,8 @@ demo: $(STAMP)
 demo-kafka: $(STAMP)
 	PYSPARK_PYTHON=$(abspath $(PY)) $(VENV)/bin/octo demo --kafka
 
-# TEST_WORKERS processes share the suite (pytest-xdist; 0: one process, no workers).
-TEST_WORKERS ?= 2
 test: $(STAMP)
-	PYSPARK_PYTHON=$(abspath $(PY)) $(PY) -m pytest -q -n $(TEST_WORKERS) --dist worksteal tests
+	PYSPARK_PYTHON=$(abspath $(PY)) $(PY) -m pytest -q tests
 
 # Dagster UI on http://127.0.0.1:3000 with the example project (sql/); the instance (runs,
 # event logs, schedules) lives in .dagster/. `make ui-data` first gives the sources input.

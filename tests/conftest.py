@@ -2,23 +2,11 @@
 from __future__ import annotations
 
 import os
-import subprocess
 import sys
 
 import pytest
 
 os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
-
-
-def pytest_sessionstart(session):
-    """Fetch Delta's jars once, before any test: pytest-xdist's workers would otherwise each
-    start a session that resolves them through Spark's Ivy cache at the same time."""
-    from octo_platform.runtime.session import delta_jars
-
-    if hasattr(session.config, "workerinput") or "spark.jars" in delta_jars():
-        return
-    subprocess.run([sys.executable, "-c", "from octo_platform.runtime.session import "
-                    "spark_session; spark_session().stop()"], check=True)
 
 
 @pytest.fixture(scope="session")
