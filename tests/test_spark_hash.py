@@ -23,6 +23,9 @@ def _table(rng: random.Random, n: int) -> pa.Table:
         "l": pa.array([maybe(rng.randint(-2**63, 2**63 - 1)) for _ in range(n)], pa.int64()),
         "s": pa.array([maybe("".join(rng.choice(text) for _ in range(rng.randint(0, 9))))
                        for _ in range(n)], pa.string()),
+        # lengths far apart (the hash walks every value's words at once)
+        "t": pa.array([maybe("".join(rng.choice(text) for _ in range(
+            rng.choice((0, 1, 3, 4, 5, 17, 64, 301))))) for _ in range(n)], pa.string()),
         "b": pa.array([maybe(rng.random() < 0.5) for _ in range(n)], pa.bool_()),
         "d": pa.array([maybe(date.fromordinal(rng.randint(1, 800_000))) for _ in range(n)],
                       pa.date32()),
@@ -31,15 +34,19 @@ def _table(rng: random.Random, n: int) -> pa.Table:
     })
 
 
-@pytest.mark.parametrize("cols", [["i"], ["l"], ["s"], ["b"], ["d"], ["ts"], ["l", "s"],
-                                  ["s", "i", "ts", "b", "d"]])
-def test_hash_and_bucket_equal_spark(spark, cols):
+@pytest.mark.parametrize("cols", [["i"], ["l"], ["s"], ["t"], ["b"], ["d"], ["ts"], ["l", "s"],
+                                  ["s", "i", "ts", "b", "d", "t"]])
+@pytest.mark.parametrize("sliced", [False, True], ids=["whole", "sliced"])
+def test_hash_and_bucket_equal_spark(spark, cols, sliced):
     table = _table(random.Random(len(cols)), 400)
+    if sliced:  # columns that start inside their buffers, strings with 64-bit offsets
+        table = table.slice(37, 300)
+        table = table.set_column(2, "s", table["s"].cast(pa.large_string()))
     assert all(hashable(table.schema.field(c).type) for c in cols)
     listed = ", ".join(cols)
     want = local_frame(spark, table).selectExpr(f"hash({listed})", f"pmod(hash({listed}), 7)")
     want_hash, want_bucket = zip(*[tuple(r) for r in want.collect()])
-    got = spark_hash([table[c] for c in cols])
+    got = spark_hash([table[c].chunk(0) if sliced else table[c] for c in cols])
     assert [int(h) for h in got] == list(want_hash)
     assert spark_pmod(got, 7).to_pylist() == list(want_bucket)
 

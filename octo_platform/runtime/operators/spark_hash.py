@@ -61,17 +61,35 @@ def _hash_long(values: np.ndarray, seed: np.ndarray) -> np.ndarray:
     return _fmix(_mix_h1(_mix_h1(seed, _mix_k1(low)), _mix_k1(high)), 8)
 
 
-def _hash_bytes(data: bytes, seed: int) -> int:
-    n = len(data)
-    aligned = n - n % 4
-    h1 = np.array([seed], dtype=np.uint32)
-    if aligned:
-        for word in np.frombuffer(data[:aligned], dtype="<u4"):
-            h1 = _mix_h1(h1, _mix_k1(np.array([word], dtype=np.uint32)))
-    for b in data[aligned:]:
-        signed = b - 256 if b > 127 else b
-        h1 = _mix_h1(h1, _mix_k1(np.array([signed], dtype=np.int32).view(np.uint32)))
-    return int(_fmix(h1, n)[0])
+def _hash_strings(col: pa.Array, seed: np.ndarray) -> np.ndarray:
+    """``hashUnsafeBytes`` of each value's UTF-8 bytes, all rows at once: the k-th whole
+    word of every value long enough, then each tail byte (values of NULL rows are
+    meaningless: the caller keeps the seed there)."""
+    large = pa.types.is_large_string(col.type)
+    n = len(col)
+    offsets, data = col.buffers()[1], col.buffers()[2]
+    offsets = np.frombuffer(offsets, dtype=np.int64 if large else np.int32)[
+        col.offset:col.offset + n + 1].astype(np.int64)
+    data = np.frombuffer(data, dtype=np.uint8) if data is not None else np.zeros(0, np.uint8)
+    starts, lengths = offsets[:-1], np.diff(offsets)
+    aligned = lengths - lengths % 4
+    h = seed.copy()
+    # Rows by their number of whole words, longest first: word k is hashed for a prefix.
+    words = aligned // 4
+    order = np.argsort(-words, kind="stable")
+    longer = np.searchsorted(-words[order], -np.arange(int(words.max(initial=0))), "left")
+    for k, m in enumerate(longer):
+        rows = order[:m]
+        at = starts[rows] + 4 * k
+        word = (data[at].astype(np.uint32) | data[at + 1].astype(np.uint32) << np.uint32(8)
+                | data[at + 2].astype(np.uint32) << np.uint32(16)
+                | data[at + 3].astype(np.uint32) << np.uint32(24))
+        h[rows] = _mix_h1(h[rows], _mix_k1(word))
+    for t in range(3):  # each tail byte as a signed int
+        rows = np.nonzero(lengths - aligned > t)[0]
+        byte = data[starts[rows] + aligned[rows] + t].view(np.int8).astype(np.int32)
+        h[rows] = _mix_h1(h[rows], _mix_k1(byte.view(np.uint32)))
+    return _fmix(h, lengths.astype(np.uint32))
 
 
 def spark_hash(columns: list[pa.ChunkedArray | pa.Array]) -> np.ndarray:
@@ -84,10 +102,7 @@ def spark_hash(columns: list[pa.ChunkedArray | pa.Array]) -> np.ndarray:
             t = col.type
             valid = col.is_valid().to_numpy(zero_copy_only=False)
             if pa.types.is_string(t) or pa.types.is_large_string(t):
-                new = h.copy()
-                for i, s in enumerate(col.to_pylist()):
-                    if s is not None:
-                        new[i] = _hash_bytes(s.encode("utf-8"), int(h[i]))
+                new = _hash_strings(col, h)
             else:
                 if pa.types.is_boolean(t):
                     raw = pc.cast(col, pa.int32())
