@@ -151,7 +151,8 @@ def run_in_driver(pipe: TableRun, ctx: BatchContext, inputs: dict[str, Any], row
             "ts_ms", pa.array([ts_ms] * n, pa.int64()))))
     versions = write_local(outputs, batch=ctx.batch, store=pipe.env.store)
     lc.settle(versions)
-    stats.events = dict(Counter(events.column("op").to_pylist()))
+    stats.events = {c["values"]: c["counts"]
+                    for c in pc.value_counts(events.column("op")).to_pylist()}
     if local is not None:
         local.settle(stats)
     else:
@@ -355,7 +356,7 @@ def current(pipe: TableRun, events: pa.Table, pinned: dict[str, int | None]) -> 
     new = pa.Table.from_struct_array(after["after"]).append_column(BUCKET, after[BUCKET])
     if appends_current(pipe, pinned):
         return LocalOutput("current", path, new, bucketed=True)
-    touched = sorted(set(events.column(BUCKET).to_pylist()))
+    touched = sorted(pc.unique(events.column(BUCKET)).to_pylist())
     store, image = pipe.env.store, events.schema.field("after").type
     schema = pa.schema(list(image))
     if not kernel_covers(pipe, schema):
