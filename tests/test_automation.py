@@ -191,9 +191,12 @@ def test_continuous_run_stops_cleanly_at_its_deadline(spark, project: Path):
     assert summary is None
 
     for table in TABLES:  # stopped between batches: nothing half-done
-        assert table_status(prj, table,
-                            options=default_options(warehouse=str(wh))).pending_batch is None
-        assert replay(wh, table) == current(wh, table)
+        status = table_status(prj, table, options=default_options(warehouse=str(wh)))
+        assert status.pending_batch is None
+        # On a busy machine a downstream table's query may not get to its first batch
+        # within the 30 s (queries are set up one at a time): then it has no table yet.
+        if status.last_batch >= 0:
+            assert replay(wh, table) == current(wh, table)
     # the next run (locks released) resumes where the continuous run stopped, exactly once
     run_tables(spark, prj, options=default_options(warehouse=str(wh), progress=None),
                until_idle=True)
