@@ -24,7 +24,8 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from octo_platform.runtime.operators.arrow import concat, key_join, normal_floats, safe_keys
+from octo_platform.runtime.operators.arrow import concat, key_join, normal_floats, safe_keys, \
+    value_bytes
 
 __all__ = ["KeyedRows", "Found", "key_hash", "same_values"]
 
@@ -62,7 +63,7 @@ def _words(col: pa.Array) -> np.ndarray | None:
         col = col.view(pa.int64())
     elif pa.types.is_string(t) or pa.types.is_binary(t) or pa.types.is_large_string(t) \
             or pa.types.is_large_binary(t):
-        return _bytes_hash(col.cast(pa.large_binary()))
+        return _bytes_hash(col)
     elif pa.types.is_date32(t) or pa.types.is_time32(t):
         col = col.view(pa.int32()).cast(pa.int64())
     elif pa.types.is_timestamp(t) or pa.types.is_date64(t) or pa.types.is_time64(t) \
@@ -79,16 +80,14 @@ def _words(col: pa.Array) -> np.ndarray | None:
 
 def _bytes_hash(col: pa.Array) -> np.ndarray:
     """A polynomial hash (mod 2^64) of each value's bytes, its length mixed in."""
-    n = len(col)
-    offsets = np.frombuffer(col.buffers()[1], np.int64)[col.offset:col.offset + n + 1]
-    lengths = np.diff(offsets)
+    data, starts, lengths = value_bytes(col)
     out = lengths.astype(np.uint64)
-    total = int(offsets[-1] - offsets[0])
+    total = int(lengths.sum())
     if not total:
         return out
-    data = col.buffers()[2]
-    raw = np.frombuffer(data, np.uint8)[offsets[0]:offsets[-1]].astype(np.uint64)
-    starts = offsets[:-1] - offsets[0]
+    first = int(starts[0])
+    raw = data[first:first + total].astype(np.uint64)
+    starts = starts - first
     position = np.arange(total, dtype=np.int64) - np.repeat(starts, lengths)
     powers = np.cumprod(np.full(int(lengths.max()), _PRIME, np.uint64))
     full = lengths > 0

@@ -15,6 +15,8 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
+from octo_platform.runtime.operators.arrow import value_bytes
+
 __all__ = ["hashable", "spark_hash", "spark_pmod"]
 
 SEED = 42
@@ -65,13 +67,7 @@ def _hash_strings(col: pa.Array, seed: np.ndarray) -> np.ndarray:
     """``hashUnsafeBytes`` of each value's UTF-8 bytes, all rows at once: the k-th whole
     word of every value long enough, then each tail byte (values of NULL rows are
     meaningless: the caller keeps the seed there)."""
-    large = pa.types.is_large_string(col.type)
-    n = len(col)
-    offsets, data = col.buffers()[1], col.buffers()[2]
-    offsets = np.frombuffer(offsets, dtype=np.int64 if large else np.int32)[
-        col.offset:col.offset + n + 1].astype(np.int64)
-    data = np.frombuffer(data, dtype=np.uint8) if data is not None else np.zeros(0, np.uint8)
-    starts, lengths = offsets[:-1], np.diff(offsets)
+    data, starts, lengths = value_bytes(col)
     aligned = lengths - lengths % 4
     h = seed.copy()
     # Rows by their number of whole words, longest first: word k is hashed for a prefix.
