@@ -6,13 +6,12 @@ State is found by key: each state table's rows live in a cache that lasts the wh
 once from the versions the batch log pins and then updated from each batch's own state
 changes, so a batch reaches the rows of the keys it touches and no others; an entry whose
 version is not the pinned one (a Spark-path batch ran in between, or a retry) is reloaded,
-never trusted. The kernels
-write the same state tables, in the same format, as the Spark path (``aggregate_tasks``,
-``join_tasks``), so a run may switch paths between any two batches; GROUP BY's and joins'
-steps (``aggregate_kernel``, ``join_kernel``) are the ones the Spark path runs in its
-tasks. Accumulator types and
-every SQL expression (output values, join keys, residual conditions) come from those operators
-and are evaluated by Spark over local relations (``arrow.spark_eval``).
+never trusted. The kernels write the same state tables, in the same format, as the Spark
+path (``aggregate_tasks``, ``join_tasks``), so a run may switch paths between any two
+batches; GROUP BY's and joins' steps (``aggregate_kernel``, ``join_kernel``) are the ones
+the Spark path runs in its tasks. Accumulator types and every SQL expression (output values,
+join keys, residual conditions) come from those operators and are evaluated by Spark over
+local relations (``arrow.spark_eval``).
 """
 from __future__ import annotations
 
