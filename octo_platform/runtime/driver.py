@@ -29,10 +29,11 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from octo_platform.columns import BUCKET, WEIGHT
-from octo_platform.physical.plan import PAggregate, PhysicalPlan, PJoin, PSource, PStateless, PUnion
+from octo_platform.physical.plan import PAggregate, PhysicalPlan, PJoin, PSource, PStateless, \
+    PTopN, PUnion
 from octo_platform.runtime.operators import BatchContext, apply_steps
 from octo_platform.runtime.operators.arrow import arrow_schema, concat, normal_floats, \
-    primitive
+    primitive, run_starts, sort_indices
 from octo_platform.runtime.operators.kernels import (
     AggregateKernel,
     JoinKernel,
@@ -40,6 +41,7 @@ from octo_platform.runtime.operators.kernels import (
     Unsupported,
     kernel_supports,
 )
+from octo_platform.runtime.operators.partition_kernel import TopNKernel
 from octo_platform.runtime.operators.spark_hash import hashable, spark_hash, spark_pmod
 from octo_platform.runtime.driver_inputs import LocalInputs, read_local
 from octo_platform.runtime.inputs import read_inputs, set_watermarks, settle_inputs
@@ -137,7 +139,8 @@ def run_in_driver(pipe: TableRun, ctx: BatchContext, inputs: dict[str, Any], row
     events = with_bucket(pipe, lc, encode(pipe, delta, ctx.batch, ts_ms))
     lay = pipe.layout
     outputs = [LocalOutput(f"state/{w.table}", lay.state(pipe.name, w.table), w.rows,
-                           remove=w.remove, prefix=w.prefix, bucketed=w.bucketed)
+                           remove=w.remove, prefix=w.prefix, bucketed=w.bucketed,
+                           replace=None if w.replace is None else set(w.replace))
                for w in lc.writes]
     outputs.append(LocalOutput("changelog", lay.changelog(pipe.name),
                                events.drop_columns([BUCKET])))
@@ -208,6 +211,8 @@ def evaluate(node: Any, lc: LocalContext, tables: dict[str, pa.Table]) -> pa.Tab
     if isinstance(node, PJoin):
         return JoinKernel(node, lc).run(evaluate(node.left, lc, tables),
                                         evaluate(node.right, lc, tables))
+    if isinstance(node, PTopN):
+        return TopNKernel(node, lc).run(evaluate(node.input, lc, tables))
     raise Unsupported(type(node).__name__)
 
 
@@ -264,11 +269,11 @@ def _pairs(delta: pa.Table, columns: list[str], pk: tuple[str, ...] | None,
     if pk is None:
         return _images(rows, image, sign > 0), _images(rows, image, sign < 0)
     rows = rows.append_column(_SIGN, pa.array(sign))
-    order = pc.sort_indices(*_ascending(rows, [*pk, _SIGN, *columns]))
+    order = sort_indices(rows, [(c, False, True) for c in [*pk, _SIGN, *columns]])
     rows, sign = rows.take(order), sign[order.to_numpy()]
     at = np.arange(rows.num_rows)
-    key_starts = _starts(rows, list(pk))
-    starts = key_starts | _starts(rows, [_SIGN])
+    key_starts = run_starts(rows, list(pk))
+    starts = key_starts | run_starts(rows, [_SIGN])
     key = np.cumsum(key_starts)  # the key's number, in order
     rank = at - np.maximum.accumulate(np.where(starts, at, 0))
     gone, new = (pa.table({"k": key[m], "r": rank[m], "i": at[m]}) for m in (sign < 0, sign > 0))
@@ -277,34 +282,6 @@ def _pairs(delta: pa.Table, columns: list[str], pk: tuple[str, ...] | None,
                                                                         ("r", "ascending")])
     return tuple(_images(rows.take(paired[f"i_{s}"]), image, pc.is_null(paired[f"i_{s}"]))
                  for s in "ba")  # type: ignore[return-value]
-
-
-def _ascending(rows: pa.Table, columns: list[str]) -> tuple[pa.Table, list[tuple]]:
-    """``rows`` and the sort keys that order them as Spark's ascending ``ORDER BY
-    columns``: NULLs first, NaN above every number (Arrow puts NaNs beside the NULLs)."""
-    keys = []
-    for i, c in enumerate(columns):
-        if pa.types.is_floating(rows.schema.field(c).type):
-            rows = rows.append_column(f"__octo_nan{i}", pc.is_nan(rows.column(c)))
-            keys.append((f"__octo_nan{i}", "ascending", "at_start"))
-        keys.append((c, "ascending", "at_start"))
-    return rows, keys
-
-
-def _starts(rows: pa.Table, columns: list[str]) -> np.ndarray:
-    """Per row of ``rows`` (sorted), whether its ``columns`` differ from the row before's
-    (NULLs equal, NaNs equal); the first row starts."""
-    n = rows.num_rows
-    starts = np.zeros(n, bool)
-    starts[:1] = True
-    for c in columns:
-        col = rows.column(c).combine_chunks()
-        a, b = col.slice(1), col.slice(0, max(n - 1, 0))
-        same = pc.or_kleene(pc.equal(a, b), pc.and_(pc.is_null(a), pc.is_null(b)))
-        if pa.types.is_floating(col.type):
-            same = pc.or_kleene(same, pc.and_(pc.is_nan(a), pc.is_nan(b)))
-        starts[1:] |= ~pc.fill_null(same, False).to_numpy(zero_copy_only=False)
-    return starts
 
 
 def _images(rows: pa.Table, image: pa.StructType, missing: Any) -> pa.Array:

@@ -24,7 +24,7 @@ import pyarrow.compute as pc
 
 from octo_platform.columns import BUCKET, COUNT, WEIGHT
 from octo_platform.local_frames import arrow_type, local_frame
-from octo_platform.physical.plan import PAggregate, PJoin
+from octo_platform.physical.plan import PAggregate, PJoin, PTopN
 from octo_platform.runtime.operators.aggregate import Aggregate
 from octo_platform.runtime.operators.arrow import arrow_schema, concat, local_path, spark_eval
 from octo_platform.runtime.operators.aggregate_kernel import aggregate_step, live_rows, \
@@ -56,19 +56,21 @@ def kernel_supports(node: object) -> bool:
         return node.ttl_us is None
     if isinstance(node, PJoin):
         return node.ttl_us is None
-    return False
+    return isinstance(node, PTopN)
 
 
 @dataclass
 class StagedRows:
     """Rows for a state table, written by the driver: a ``delta`` file of the batch's
-    changes, or ``base`` rows of a full compaction replacing the files in ``remove``."""
+    changes, or ``base`` rows of a full compaction replacing the files in ``remove``; or
+    the new contents of the ``replace`` buckets (top-N, SESSION: ``partition_kernel``)."""
 
     table: str
     rows: pa.Table
     prefix: str = "delta"
     remove: tuple[str, ...] = ()
     bucketed: bool = False  # ``rows`` has a ``_bucket`` column: the table is partitioned
+    replace: tuple[int, ...] | None = None
 
 
 @dataclass

@@ -1,0 +1,187 @@
+"""Top-N and SESSION windows on the driver path (``runtime/driver.py``): the operators that
+recompute the partitions a batch touches (``context.PartitionRows``), as Arrow kernels over
+the run's state cache.
+
+The state is ``PartitionRows``' table, written the same way: the input's rows with their
+multiplicity, bucketed by the hash of the partition key, a touched bucket's files replaced
+by its new rows. The cache finds a bucket's rows by ``_bucket``; the kernels order rows as
+Spark's window functions do (``arrow.sort_indices``: ORDER BY's directions and NULL
+placement, NaN above every number) and number them as ``row_number()`` does.
+"""
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.compute as pc
+
+from octo_platform.columns import BUCKET, COUNT, WEIGHT
+from octo_platform.physical.plan import PPartitioned, PTopN
+from octo_platform.runtime.operators.arrow import concat, local_path, normal_floats, \
+    primitive, run_starts, sort_indices
+from octo_platform.runtime.operators.context import bucket_sql, positional, side_schema
+from octo_platform.runtime.operators.kernels import LocalContext, StagedRows, Unsupported
+from octo_platform.runtime.operators.keyed_rows import KeyedRows
+from octo_platform.runtime.state_log import StateFile
+from octo_platform.sqltext import quote
+
+if TYPE_CHECKING:
+    from pyspark.sql import DataFrame
+
+__all__ = ["TopNKernel"]
+
+
+def consolidated(rows: pa.Table, columns: list[str]) -> pa.Table:
+    """One row per distinct value of ``columns`` (floats as Spark groups them) with its
+    summed weight, zeros dropped (``context.consolidate``)."""
+    rows = normal_floats(rows.select([*columns, WEIGHT]))
+    got = rows.group_by(columns, use_threads=False).aggregate([(WEIGHT, "sum")])
+    got = got.rename_columns([*columns, WEIGHT])
+    return got.filter(pc.not_equal(got[WEIGHT], 0)).cast(rows.schema)
+
+
+class PartitionState:
+    """``PartitionRows`` in the driver: ``load`` finds the rows of the buckets the batch
+    touches in the run's cache, ``store`` stages their new rows (replacing the buckets'
+    files) and keeps them in the cache."""
+
+    def __init__(self, node: PPartitioned, lc: LocalContext, delta: pa.Table) -> None:
+        self.node, self.lc = node, lc
+        self.names = list(node.input.columns)
+        self.partition = list(node.partition)
+        if not all(primitive(f.type) for f in delta.schema):
+            raise Unsupported("nested types")
+        self.schema = delta.schema  # the input's columns, then the weight
+
+    def load(self, delta: pa.Table) -> tuple[pa.Table, pa.Table, pa.Table] | None:
+        """The batch's rows (consolidated), and the touched buckets' rows before and after
+        it (weighted, with ``_bucket``); None when the batch changes nothing."""
+        lc, names = self.lc, self.names
+        d = consolidated(delta, names)
+        if not d.num_rows:
+            return None
+        d = d.append_column(BUCKET, lc.bucket(d, self.partition))
+        self.touched = pc.unique(d[BUCKET])
+        self.cache = lc.cached(self.node.id, self.spark_rows, self.local_rows, [BUCKET])
+        self.found = self.cache.find(pa.table({BUCKET: self.touched}))
+        old = self.found.rows
+        return d.drop_columns([BUCKET]), old, consolidated(concat([old, d], old.schema),
+                                                           [*names, BUCKET])
+
+    def store(self, keep: pa.Table) -> None:
+        """Stage ``keep`` (weighted rows of the touched buckets, with ``_bucket``) as their
+        new contents."""
+        lc, node = self.lc, self.node
+        rows = keep.select([*self.names, WEIGHT, BUCKET]).rename_columns(
+            [*positional(self.names), COUNT, BUCKET])
+        lc.writes.append(StagedRows(node.id, rows, bucketed=True,
+                                    replace=tuple(sorted(self.touched.to_pylist()))))
+        lc.fresh[node.id] = self.cache.replace(self.found, keep)
+
+    def touched_partitions(self, d: pa.Table, *tables: pa.Table) -> tuple[pa.Table, ...]:
+        """The rows of each of ``tables`` whose partition key occurs in ``d`` (all of them
+        for an empty key): only those partitions can change."""
+        if not self.partition:
+            return tables
+        return tuple(KeyedRows(t, self.partition).find(d).rows for t in tables)
+
+    def stored(self) -> pa.Schema:
+        """The state table's Arrow schema (``context.side_schema``'s columns)."""
+        fields = [pa.field(p, f.type) for p, f in zip(positional(self.names), self.schema)]
+        return pa.schema([*fields, pa.field(COUNT, pa.int64())])
+
+    def cached_rows(self, rows: pa.Table) -> pa.Table:
+        """Stored rows (with ``_bucket``) as the cache holds them: named, weighted."""
+        return rows.rename_columns([*self.names, WEIGHT, BUCKET]).cast(
+            self.schema.append(pa.field(BUCKET, pa.int32())))
+
+    def local_rows(self, files: list[StateFile]) -> pa.Table | None:
+        """The pinned files' rows, read with Arrow (None when one is remote); each file's
+        bucket is its partition's."""
+        import pyarrow.parquet as pq
+
+        schema, parts = self.stored(), []
+        for f in files:
+            path = local_path(f["uri"])
+            if path is None:
+                return None
+            rows = pq.read_table(path).select(schema.names).cast(schema)
+            parts.append(rows.append_column(BUCKET, pa.array(
+                np.full(rows.num_rows, int(f["partition"][BUCKET]), np.int32))))
+        return self.cached_rows(concat(parts, schema.append(pa.field(BUCKET, pa.int32()))))
+
+    def spark_rows(self) -> DataFrame:
+        """The pinned files' rows as the cache holds them, read by Spark (a remote
+        warehouse; an empty frame for no files)."""
+        lc, names = self.lc, self.names
+        files = [f["uri"] for f in lc.ctx.state_log(self.node.id)]
+        cached = self.schema.append(pa.field(BUCKET, pa.int32()))
+        if not files:
+            return lc.frame(cached.empty_table())
+        pos = positional(names)
+        part = [pos[names.index(p)] for p in self.partition]
+        stored = side_schema(lc.frame(self.schema.empty_table()).schema, names)
+        return lc.spark.read.schema(stored).parquet(*files).selectExpr(
+            *[f"{p} AS {quote(n)}" for p, n in zip(pos, names)], f"{COUNT} AS {WEIGHT}",
+            f"{bucket_sql(part, lc.ctx.buckets)} AS {BUCKET}")
+
+
+class TopNKernel:
+    """``top_n.TopN`` in Arrow: the touched partitions' top rows before and after the batch
+    (one row per unit of multiplicity, numbered as ``row_number()`` over the partition in
+    the ORDER BY, ties broken by every column ascending, NULLs first), the new ones
+    inserted and the old ones retracted."""
+
+    def __init__(self, node: PTopN, lc: LocalContext) -> None:
+        self.node, self.lc = node, lc
+        self.names = list(node.input.columns)
+
+    def run(self, delta: pa.Table) -> pa.Table:
+        node = self.node
+        delta = delta.rename_columns([*self.names, WEIGHT])
+        state = PartitionState(node, self.lc, delta)
+        loaded = state.load(delta)
+        out = self.out_schema(delta)
+        if loaded is None:
+            return out.empty_table()
+        d, old, new = loaded
+        keep = new
+        if node.closes:  # the rest can never re-enter
+            top = self.rank(new)
+            keep = consolidated(top.append_column(WEIGHT, pa.array(
+                np.ones(top.num_rows, np.int64))), [*self.names, BUCKET])
+        state.store(keep)
+        old, new = state.touched_partitions(d, old, new)
+        return concat([self.emit(self.rank(new), 1), self.emit(self.rank(old), -1)],
+                      out)
+
+    def rank(self, rows: pa.Table) -> pa.Table:
+        """Each partition's first ``n`` units of ``rows`` (weighted) with ``_rn``."""
+        node = self.node
+        w = rows[WEIGHT].to_numpy()
+        live = np.flatnonzero(w > 0)
+        units = rows.take(np.repeat(live, w[live])).drop_columns([WEIGHT])
+        keys = [(p, False, True) for p in node.partition]
+        keys += [(k.column, k.desc, k.nulls_first) for k in node.order]
+        keys += [(c, False, True) for c in self.names]
+        units = units.take(sort_indices(units, keys))
+        starts = run_starts(units, list(node.partition))
+        at = np.arange(units.num_rows)
+        rn = at - np.maximum.accumulate(np.where(starts, at, 0)) + 1
+        keep = rn <= node.n
+        return units.filter(pa.array(keep)).append_column("_rn", pa.array(rn[keep], pa.int32()))
+
+    def out_schema(self, delta: pa.Table) -> pa.Schema:
+        """The output's columns: the input's, the rank (when it is a column), the weight."""
+        fields = [delta.schema.field(c) for c in self.names]
+        if self.node.rank:
+            fields.append(pa.field(self.node.rank, pa.int32()))
+        return pa.schema([*fields, pa.field(WEIGHT, pa.int64())])
+
+    def emit(self, ranked: pa.Table, weight: int) -> pa.Table:
+        """Ranked rows as output rows of weight ``weight``."""
+        cols = [*self.names, *(["_rn"] if self.node.rank else [])]
+        rows = ranked.select(cols).append_column(
+            WEIGHT, pa.array(np.full(ranked.num_rows, weight, np.int64)))
+        return rows.rename_columns([*self.node.columns, WEIGHT])
