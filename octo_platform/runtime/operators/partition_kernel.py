@@ -17,7 +17,8 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from octo_platform.columns import BUCKET, COUNT, WEIGHT
-from octo_platform.physical.plan import PPartitioned, PTopN
+from octo_platform.logical.plan import WINDOW_COLUMNS
+from octo_platform.physical.plan import PPartitioned, PSession, PTopN
 from octo_platform.runtime.operators.arrow import concat, local_path, normal_floats, \
     primitive, run_starts, sort_indices
 from octo_platform.runtime.operators.context import bucket_sql, positional, side_schema
@@ -29,7 +30,7 @@ from octo_platform.sqltext import quote
 if TYPE_CHECKING:
     from pyspark.sql import DataFrame
 
-__all__ = ["TopNKernel"]
+__all__ = ["TopNKernel", "SessionKernel"]
 
 
 def consolidated(rows: pa.Table, columns: list[str]) -> pa.Table:
@@ -185,3 +186,64 @@ class TopNKernel:
         rows = ranked.select(cols).append_column(
             WEIGHT, pa.array(np.full(ranked.num_rows, weight, np.int64)))
         return rows.rename_columns([*self.node.columns, WEIGHT])
+
+
+class SessionKernel:
+    """``session.Sessions`` in Arrow: the touched partitions' rows get their sessions
+    before and after the batch (in time order, a row less than the gap after the row before
+    it joins that row's session; a session is ``[first time, last time + gap)``), and the
+    difference is the output: a row whose session grew or merged moves to the new one."""
+
+    def __init__(self, node: PSession, lc: LocalContext) -> None:
+        self.node, self.lc = node, lc
+        self.names = list(node.input.columns)
+
+    def run(self, delta: pa.Table) -> pa.Table:
+        node, lc = self.node, self.lc
+        delta = delta.rename_columns([*self.names, WEIGHT])
+        time = delta.schema.field(node.time).type
+        if not (pa.types.is_timestamp(time) and time.unit == "us"):
+            raise Unsupported("a session's time of another type than TIMESTAMP")
+        delta = delta.filter(pc.is_valid(delta[node.time]))
+        state = PartitionState(node, lc, delta)
+        out = self.out_schema(delta)
+        loaded = state.load(delta)
+        if loaded is None:
+            return out.empty_table()
+        d, old, new = loaded
+        assigned = self.assign(new)
+        keep = new
+        if node.closes and lc.ctx.watermark is not None:  # closed sessions are final
+            end = pc.cast(assigned[WINDOW_COLUMNS[1]], pa.int64())
+            keep = assigned.filter(pc.greater(end, lc.ctx.watermark)).drop_columns(
+                list(WINDOW_COLUMNS))
+        state.store(keep)
+        before, after = state.touched_partitions(d, self.assign(old), assigned)
+        gone = before.set_column(before.schema.get_field_index(WEIGHT), WEIGHT,
+                                 pc.negate(before[WEIGHT]))
+        return consolidated(concat([after, gone], out), list(out.names[:-1]))
+
+    def out_schema(self, delta: pa.Table) -> pa.Schema:
+        """The input's columns, the session's start and end, the weight."""
+        time = delta.schema.field(self.node.time).type
+        return pa.schema([*(delta.schema.field(c) for c in self.names),
+                          *(pa.field(c, time) for c in WINDOW_COLUMNS),
+                          pa.field(WEIGHT, pa.int64())])
+
+    def assign(self, rows: pa.Table) -> pa.Table:
+        """``rows`` (weighted, time not NULL) with their session's start and end."""
+        node = self.node
+        part = list(node.partition)
+        rows = rows.take(sort_indices(rows, [(c, False, True) for c in [*part, node.time]]))
+        t = pc.cast(rows[node.time], pa.int64()).to_numpy()
+        starts = run_starts(rows, part)
+        starts[1:] |= np.diff(t) >= node.gap_us
+        first = np.flatnonzero(starts)
+        session = np.cumsum(starts) - 1
+        last = np.append(first[1:], len(t)) - 1
+        time = rows.schema.field(node.time).type
+        start = pa.array(t[first][session]).cast(time) if len(t) else pa.array([], time)
+        end = pa.array(t[last][session] + node.gap_us).cast(time) if len(t) else \
+            pa.array([], time)
+        return rows.append_column(WINDOW_COLUMNS[0], start).append_column(
+            WINDOW_COLUMNS[1], end)
