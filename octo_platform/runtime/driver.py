@@ -30,7 +30,7 @@ import pyarrow.compute as pc
 
 from octo_platform.columns import BUCKET, WEIGHT
 from octo_platform.physical.plan import PAggregate, PhysicalPlan, PJoin, PSource, PStateless, \
-    PSession, PTopN, PUnion
+    POver, PSession, PTopN, PUnion
 from octo_platform.runtime.operators import BatchContext, apply_steps
 from octo_platform.runtime.operators.arrow import arrow_schema, concat, normal_floats, \
     primitive, run_starts, sort_indices
@@ -41,7 +41,8 @@ from octo_platform.runtime.operators.kernels import (
     Unsupported,
     kernel_supports,
 )
-from octo_platform.runtime.operators.partition_kernel import SessionKernel, TopNKernel
+from octo_platform.runtime.operators.partition_kernel import OverKernel, SessionKernel, \
+    TopNKernel
 from octo_platform.runtime.operators.spark_hash import hashable, spark_hash, spark_pmod
 from octo_platform.runtime.driver_inputs import LocalInputs, read_local
 from octo_platform.runtime.inputs import read_inputs, set_watermarks, settle_inputs
@@ -215,6 +216,8 @@ def evaluate(node: Any, lc: LocalContext, tables: dict[str, pa.Table]) -> pa.Tab
         return TopNKernel(node, lc).run(evaluate(node.input, lc, tables))
     if isinstance(node, PSession):
         return SessionKernel(node, lc).run(evaluate(node.input, lc, tables))
+    if isinstance(node, POver):
+        return OverKernel(node, lc).run(evaluate(node.input, lc, tables))
     raise Unsupported(type(node).__name__)
 
 

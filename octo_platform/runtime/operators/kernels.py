@@ -24,7 +24,7 @@ import pyarrow.compute as pc
 
 from octo_platform.columns import BUCKET, COUNT, WEIGHT
 from octo_platform.local_frames import arrow_type, local_frame
-from octo_platform.physical.plan import PAggregate, PJoin, PSession, PTopN
+from octo_platform.physical.plan import PAggregate, PJoin, POver, PSession, PTopN
 from octo_platform.runtime.operators.aggregate import Aggregate
 from octo_platform.runtime.operators.arrow import arrow_schema, concat, local_path, spark_eval
 from octo_platform.runtime.operators.aggregate_kernel import aggregate_step, live_rows, \
@@ -56,7 +56,7 @@ def kernel_supports(node: object) -> bool:
         return node.ttl_us is None
     if isinstance(node, PJoin):
         return node.ttl_us is None
-    return isinstance(node, (PTopN, PSession))
+    return isinstance(node, (PTopN, PSession, POver))
 
 
 @dataclass

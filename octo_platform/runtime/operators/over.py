@@ -36,17 +36,19 @@ class OverRange:
         self.names = list(node.input.columns)
         self.cols = [quote(c) for c in self.names]
 
-    def compute(self, rows: DataFrame) -> DataFrame:
-        """Each unit of ``rows``' multiplicity with its aggregates (weight 1)."""
+    def compute(self, rows: DataFrame, side: str | None = None) -> DataFrame:
+        """Each unit of ``rows``' multiplicity with its aggregates (weight 1); ``side``: a
+        column of ``rows`` that splits them further (kept, after the input's columns)."""
         node = self.node
-        part = ", ".join(quote(p) for p in node.partition)
+        part = ", ".join(quote(p) for p in [*node.partition, *([side] if side else [])])
         seconds = Decimal(node.range_us) / 1_000_000
         frame = (f"{'PARTITION BY ' + part + ' ' if part else ''}ORDER BY {quote(node.time)} "
                  f"RANGE BETWEEN INTERVAL '{seconds}' SECOND PRECEDING AND CURRENT ROW")
+        cols = [*self.cols, *([side] if side else [])]
         units = rows.filter(f"{W} > 0").selectExpr(
-            *self.cols, f"explode(sequence(1, CAST({W} AS INT))) AS _unit")
+            *cols, f"explode(sequence(1, CAST({W} AS INT))) AS _unit")
         outs = node.columns[len(self.names):]
-        return units.selectExpr(*self.cols, *[
+        return units.selectExpr(*cols, *[
             f"{a.func}({'1' if a.arg is None else quote(a.arg)}) OVER ({frame}) AS {quote(o)}"
             for a, o in zip(node.aggs, outs)], f"CAST(1 AS BIGINT) AS {W}")
 

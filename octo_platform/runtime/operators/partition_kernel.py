@@ -18,19 +18,20 @@ import pyarrow.compute as pc
 
 from octo_platform.columns import BUCKET, COUNT, WEIGHT
 from octo_platform.logical.plan import WINDOW_COLUMNS
-from octo_platform.physical.plan import PPartitioned, PSession, PTopN
-from octo_platform.runtime.operators.arrow import concat, local_path, normal_floats, \
-    primitive, run_starts, sort_indices
+from octo_platform.physical.plan import POver, PPartitioned, PSession, PTopN
+from octo_platform.runtime.operators.arrow import arrow_schema, concat, key_join, \
+    local_path, normal_floats, primitive, run_starts, safe_keys, sort_indices
 from octo_platform.runtime.operators.context import bucket_sql, positional, side_schema
 from octo_platform.runtime.operators.kernels import LocalContext, StagedRows, Unsupported
 from octo_platform.runtime.operators.keyed_rows import KeyedRows
+from octo_platform.runtime.operators.over import OverRange
 from octo_platform.runtime.state_log import StateFile
 from octo_platform.sqltext import quote
 
 if TYPE_CHECKING:
     from pyspark.sql import DataFrame
 
-__all__ = ["TopNKernel", "SessionKernel"]
+__all__ = ["TopNKernel", "SessionKernel", "OverKernel"]
 
 
 def consolidated(rows: pa.Table, columns: list[str]) -> pa.Table:
@@ -247,3 +248,62 @@ class SessionKernel:
             pa.array([], time)
         return rows.append_column(WINDOW_COLUMNS[0], start).append_column(
             WINDOW_COLUMNS[1], end)
+
+
+class OverKernel:
+    """``over.OverRange`` on the driver path: the touched partitions' rows before and after
+    the batch, in one local relation, get their sliding-range aggregates from Spark's own
+    window functions (one small Spark job: a window is no projection Spark folds into the
+    relation); rows before a partition's earliest changed time keep their values, the
+    others' differences are the output."""
+
+    SIDE = "_side"
+
+    def __init__(self, node: POver, lc: LocalContext) -> None:
+        self.node, self.lc = node, lc
+        self.names = list(node.input.columns)
+        self.op = OverRange(node, lc.ctx)
+
+    def run(self, delta: pa.Table) -> pa.Table:
+        node, lc, names = self.node, self.lc, self.names
+        delta = delta.rename_columns([*names, WEIGHT])
+        state = PartitionState(node, lc, delta)
+        sided = delta.append_column(self.SIDE, pa.array(np.zeros(delta.num_rows, np.int8)))
+        out = lc.once(f"over:{node.id}:{delta.schema}", lambda: arrow_schema(
+            self.op.compute(lc.frame(sided), self.SIDE).schema))
+        result = out.remove(out.get_field_index(self.SIDE))
+        loaded = state.load(delta)
+        if loaded is None:
+            return result.empty_table()
+        d, old, new = loaded
+        keep = new
+        if node.closes and lc.ctx.watermark is not None:  # no row on time reaches back
+            t = pc.cast(new[node.time], pa.int64())
+            keep = new.filter(pc.fill_null(pc.or_kleene(pc.is_null(t), pc.greater_equal(
+                t, lc.ctx.watermark - node.range_us)), False))
+        state.store(keep)
+        old, new = state.touched_partitions(d, old, new)
+        both = concat([t.select([*names, WEIGHT]).append_column(self.SIDE, pa.array(
+            np.full(t.num_rows, side, np.int8))) for side, t in ((0, old), (1, new))],
+            sided.schema)
+        computed = lc.sql(f"{node.id}:over", both, lambda df: self.op.compute(df, self.SIDE))
+        computed = self.since(d, computed)
+        side = computed[self.SIDE].to_numpy()
+        weight = np.where(side == 1, 1, -1).astype(np.int64)
+        rows = computed.drop_columns([self.SIDE]).set_column(
+            len(result) - 1, WEIGHT, pa.array(weight))
+        return consolidated(rows, list(result.names[:-1]))
+
+    def since(self, d: pa.Table, rows: pa.Table) -> pa.Table:
+        """The ``rows`` at or after their partition's earliest time in ``d`` (a NULL time
+        is a peer of NULLs only: always kept)."""
+        node = self.node
+        part, t = list(node.partition), node.time
+        first = d.group_by(part, use_threads=False).aggregate([(t, "min")]) if part else \
+            pa.table({f"{t}_min": pa.array([pc.min(d[t]).as_py()], d.schema.field(t).type)})
+        left, lkeys = safe_keys(rows, part, "_l")
+        right, rkeys = safe_keys(first, part, "_r")
+        joined = key_join(left, right.select([*rkeys, f"{t}_min"]), lkeys, rkeys, "inner")
+        keep = pc.fill_null(pc.or_kleene(pc.is_null(joined[t]), pc.greater_equal(
+            joined[t], joined[f"{t}_min"])), False)
+        return joined.filter(keep).select(rows.column_names)
