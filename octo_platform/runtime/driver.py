@@ -3,13 +3,15 @@
 A batch whose input holds at most ``driver_rows`` rows (a run option; counted from
 metadata before anything is read: Parquet footers, Kafka offsets, Delta file statistics,
 lines of small text files) and whose plan the kernels cover (filters, projections, unions,
-GROUP BY (windows that close and EMIT ON WINDOW CLOSE too) and joins, without
-``state_ttl``) runs here instead of in a Spark job:
+GROUP BY (windows that close and EMIT ON WINDOW CLOSE too), joins, top-N, SESSION windows
+and sliding OVER ranges, without ``state_ttl``) runs here instead of in a Spark job:
 
 1. each input's rows are read into Arrow (``toArrow``: the path's one Spark job per input
    read; record counts and dead letters are observed by it as on the Spark path);
 2. stateless steps run as Spark SQL over local relations (no job, Spark's semantics) and
-   stateful operators as kernels over the run's state cache (``operators/kernels.py``);
+   stateful operators as kernels over the run's state cache (``operators/kernels.py``,
+   ``operators/partition_kernel.py``; a sliding OVER range's window functions run as one
+   small job over a local relation);
 3. the change events, the operators' state changes and the current-state buckets the
    events fall in are written with Arrow and committed with delta-rs, each table once
    with the batch's app transaction, exactly as the Spark path commits them.

@@ -12,7 +12,8 @@ One module per operator (``aggregate``, ``join``, ``top_n``, ``session``, ``over
 ``join_kernel``), run in Spark tasks, one per bucket of their state, on this path
 (``aggregate_tasks``, ``join_tasks``, sharing ``tasks``) and over a state cache in the driver
 for small batches (``kernels``, for ``runtime/driver.py``), with these operators' state, SQL
-and formulas; ``arrow`` holds the driver's helpers.
+and formulas; top-N, SESSION and OVER have driver kernels over their bucketed state
+(``partition_kernel``); ``arrow`` holds the driver's helpers.
 """
 from __future__ import annotations
 
