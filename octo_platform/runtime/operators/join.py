@@ -4,9 +4,16 @@ from __future__ import annotations
 from functools import reduce
 from typing import TYPE_CHECKING, Any
 
-from octo_platform.columns import COUNT
+from octo_platform.columns import BUCKET, COUNT
 from octo_platform.physical.plan import PJoin
-from octo_platform.runtime.operators.context import BatchContext, W, consolidate, positional
+from octo_platform.runtime.operators.context import (
+    BatchContext,
+    W,
+    bucket_sql,
+    consolidate,
+    positional,
+    touched_buckets,
+)
 from octo_platform.runtime.operators.join_kernel import JoinStep
 from octo_platform.runtime.state_log import BATCH, merge_weighted, read_log, with_batch
 from octo_platform.sqltext import quote, sql_expr
@@ -23,9 +30,9 @@ class Join:
     Each side's state is a log of its rows with multiplicity (``_n``) and join key,
     partitioned by the key's bucket; a batch appends its Δ. The kernel (``join_kernel``,
     run in Spark tasks by ``join_tasks`` and in the driver by ``kernels``) reads only the
-    buckets a batch touches; this operator, which serves outer, semi and anti joins with a
-    residual condition and ``state_ttl``, reads each side's whole log (and keeps the rows
-    whose key the batch touched). Per side, one aggregate lines up every row of those keys
+    buckets a batch touches; so does this operator, which serves outer, semi and anti joins
+    with a residual condition and ``state_ttl``: it reads the files of the buckets the
+    batch's join keys fall in (and keeps the rows whose key the batch touched). Per side, one aggregate lines up every row of those keys
     with its old and new multiplicity
     (``_lo``/``_ln``, ``_ro``/``_rn``); the matched part is Δ(L⋈R) = ΔL⋈R_old + L_new⋈ΔR.
     Outer, semi and anti joins also compare, for the keys the batch touched, each row's
@@ -83,7 +90,10 @@ class Join:
         schemas = {s: frames[s].schema for s in "lr"}
         delta = {s: ctx.persist(self.with_keys(consolidate(
             frames[s], [quote(n) for n in self.names[s]], f"_{s}w"), s, types)) for s in "lr"}
-        old = {s: self.side_state(s, delta[s]) for s in "lr"}
+        keys = delta["l"].select(*self.kcols("l")).union(delta["r"].select(*self.kcols("r")))
+        touched = touched_buckets(ctx, keys.selectExpr(
+            f"{bucket_sql(self.kcols('l'), ctx.buckets)} AS {BUCKET}"), keyed=True)
+        old = {s: self.side_state(s, delta[s], touched) for s in "lr"}
         parts = []
         if node.kind in ("inner", "left", "right", "full"):  # ΔL⋈R_old + L_new⋈ΔR
             new_l = old["l"].unionByName(delta["l"])
@@ -112,11 +122,10 @@ class Join:
         return StructType([StructField(n, f.dataType)
                            for n, f in zip(self.stored_names(s), keyed.fields)])
 
-    def side_state(self, s: str, delta: DataFrame) -> DataFrame:
-        """Side ``s``'s rows as the batch began (``JoinStep.row``); stages the batch's Δ
-        (``delta``, consolidated, with keys) for the side's log (and its compaction). The
-        whole log is read: this operator serves ``state_ttl`` and outer joins with a residual
-        condition (``join_tasks`` the others). With ``state_ttl`` each stored row carries the
+    def side_state(self, s: str, delta: DataFrame, buckets: set[int]) -> DataFrame:
+        """Side ``s``'s rows of the ``buckets`` the batch's keys fall in, as the batch began
+        (``JoinStep.row``); stages the batch's Δ (``delta``, consolidated, with keys) for the
+        side's log (and its compaction). With ``state_ttl`` each stored row carries the
         batch that wrote it, and rows of expired batches are neither read nor kept."""
         ctx, row = self.ctx, self.step().row(s)
         table = self.node.side_table(self.SIDES[s])
@@ -126,7 +135,8 @@ class Join:
         if self.node.ttl_us:
             stored_schema = with_batch(stored_schema)
             store.append(f"CAST({ctx.batch} AS BIGINT) AS {BATCH}")
-        stored = read_log(ctx.spark, ctx.state_log(table), stored_schema)
+        stored = read_log(ctx.spark, [f for f in ctx.state_log(table)
+                                      if int(f["partition"][BUCKET]) in buckets], stored_schema)
         if cut is not None:
             stored = stored.filter(f"{BATCH} > {cut}")
         ctx.append_log(table, delta.selectExpr(*store), self.stored_keys(s))
