@@ -1,12 +1,14 @@
-"""Top-N and SESSION windows on the driver path (``runtime/driver.py``): the operators that
-recompute the partitions a batch touches (``context.PartitionRows``), as Arrow kernels over
-the run's state cache.
+"""Top-N, SESSION windows and sliding OVER ranges on the driver path (``runtime/driver.py``):
+the operators that recompute the partitions a batch touches (``context.PartitionRows``),
+over the run's state cache.
 
 The state is ``PartitionRows``' table, written the same way: the input's rows with their
 multiplicity, bucketed by the hash of the partition key, a touched bucket's files replaced
-by its new rows. The cache finds a bucket's rows by ``_bucket``; the kernels order rows as
-Spark's window functions do (``arrow.sort_indices``: ORDER BY's directions and NULL
-placement, NaN above every number) and number them as ``row_number()`` does.
+by its new rows. The cache finds a bucket's rows by ``_bucket``. Top-N and SESSION are Arrow
+kernels: rows are ordered as Spark's window functions order them (``arrow.sort_indices``:
+ORDER BY's directions and NULL placement, NaN above every number) and numbered as
+``row_number()`` numbers them. OVER's aggregates are Spark's own window functions over a
+local relation of the touched partitions' rows (one small Spark job).
 """
 from __future__ import annotations
 
@@ -41,6 +43,13 @@ def consolidated(rows: pa.Table, columns: list[str]) -> pa.Table:
     got = rows.group_by(columns, use_threads=False).aggregate([(WEIGHT, "sum")])
     got = got.rename_columns([*columns, WEIGHT])
     return got.filter(pc.not_equal(got[WEIGHT], 0)).cast(rows.schema)
+
+
+def micros(time: pa.DataType) -> None:
+    """Raise ``Unsupported`` unless ``time`` is Spark's TIMESTAMP (microseconds), whose
+    integer values the kernels compare with the watermark and the gap."""
+    if not (pa.types.is_timestamp(time) and time.unit == "us"):
+        raise Unsupported(f"a time column of type {time}")
 
 
 class PartitionState:
@@ -202,9 +211,7 @@ class SessionKernel:
     def run(self, delta: pa.Table) -> pa.Table:
         node, lc = self.node, self.lc
         delta = delta.rename_columns([*self.names, WEIGHT])
-        time = delta.schema.field(node.time).type
-        if not (pa.types.is_timestamp(time) and time.unit == "us"):
-            raise Unsupported("a session's time of another type than TIMESTAMP")
+        micros(delta.schema.field(node.time).type)
         delta = delta.filter(pc.is_valid(delta[node.time]))
         state = PartitionState(node, lc, delta)
         out = self.out_schema(delta)
@@ -267,6 +274,7 @@ class OverKernel:
     def run(self, delta: pa.Table) -> pa.Table:
         node, lc, names = self.node, self.lc, self.names
         delta = delta.rename_columns([*names, WEIGHT])
+        micros(delta.schema.field(node.time).type)
         state = PartitionState(node, lc, delta)
         sided = delta.append_column(self.SIDE, pa.array(np.zeros(delta.num_rows, np.int8)))
         out = lc.once(f"over:{node.id}:{delta.schema}", lambda: arrow_schema(
