@@ -183,14 +183,16 @@ def test_a_kafka_source_with_a_watermark(spark, tmp_path):
         (0, 2), (1, 1)]
 
 
-def test_state_ttl_forgets_state_and_keeps_the_changelog_consistent(spark, tmp_path):
+@pytest.mark.parametrize("path", ["spark", "driver"])
+def test_state_ttl_forgets_state_and_keeps_the_changelog_consistent(spark, tmp_path, path):
     """With ``state_ttl``, a GROUP BY forgets a group once the watermark passes its last
     change plus the TTL, and an inner join forgets a stored row once the watermark passes
     the batch that stored it plus the TTL. A user's next change starts its group afresh and
     the changelog replaces the old row with a ``u`` (never a second row); a later click no
     longer pairs with forgotten join rows, and pairs already made stay. The generator
-    replays both rules batch by batch."""
-    from tests.oracle import changelog_events, check_changelog, replay, write_lines
+    replays both rules batch by batch. Every batch runs as Spark jobs, or in the driver."""
+    from tests.oracle import changelog_events, check_changelog, check_paths, driver_rows, \
+        replay, write_lines
 
     seed, ttl = 20261131, timedelta(seconds=20)
     rng = random.Random(seed)
@@ -204,7 +206,8 @@ def test_state_ttl_forgets_state_and_keeps_the_changelog_consistent(spark, tmp_p
         f"SELECT a.id AS first_id, b.id AS second_id {pairs_sql};",
         "CREATE STREAMING TABLE pair_counts WITH (state_ttl = '20 seconds') AS "
         f"SELECT a.user_id, COUNT(*) AS n, SUM(b.amount) AS s {pairs_sql} GROUP BY a.user_id;"]))
-    explained = load_project(tmp_path).explain("pair_counts")
+    project = load_project(tmp_path)
+    explained = project.explain("pair_counts")
     assert explained.count("state_ttl=20 SECOND") == 4, explained  # join, GROUP BY; twice
     src = TimedSource(seed, False)
     stored: list[tuple[dict, datetime]] = []  # the join's rows, with their batch's watermark
@@ -243,8 +246,9 @@ def test_state_ttl_forgets_state_and_keeps_the_changelog_consistent(spark, tmp_p
                     add("pair_counts", b["user_id"], len(made), b["amount"] * len(made), expired)
             stored = [(r, mark) for r, mark in stored if not expired(mark)] + [
                 (r, src.watermark) for r in rows]  # the watermark this batch commits
-        run_tables(spark, tmp_path, options=default_options(buckets=2, progress=None),
-                   until_idle=True)
+        report = run_tables(spark, tmp_path, options=default_options(
+            buckets=2, progress=None, driver_rows=driver_rows(path, round_no)), until_idle=True)
+        check_paths(report, project, path, round_no)
         assert replay(tmp_path / "warehouse", "pairs") == pairs, round_no
         for table in groups:
             assert replay(tmp_path / "warehouse", table) == Counter(

@@ -4,7 +4,7 @@ A batch whose input holds at most ``driver_rows`` rows (a run option; counted fr
 metadata before anything is read: Parquet footers, Kafka offsets, Delta file statistics,
 lines of small text files) and whose plan the kernels cover (filters, projections, unions,
 GROUP BY (windows that close and EMIT ON WINDOW CLOSE too), joins, top-N, SESSION windows
-and sliding OVER ranges, without ``state_ttl``) runs here instead of in a Spark job:
+and sliding OVER ranges, ``state_ttl`` too) runs here instead of in a Spark job:
 
 1. each input's rows are read into Arrow (``toArrow``: the path's one Spark job per input
    read; record counts and dead letters are observed by it as on the Spark path);
@@ -34,8 +34,8 @@ from octo_platform.columns import BUCKET, WEIGHT
 from octo_platform.physical.plan import PAggregate, PhysicalPlan, PJoin, PSource, PStateless, \
     POver, PSession, PTopN, PUnion
 from octo_platform.runtime.operators import BatchContext, apply_steps
-from octo_platform.runtime.operators.arrow import arrow_schema, concat, normal_floats, \
-    primitive, run_starts, sort_indices
+from octo_platform.runtime.operators.arrow import arrow_schema, concat, key_join, \
+    normal_floats, primitive, run_starts, safe_keys, sort_indices
 from octo_platform.runtime.operators.kernels import (
     AggregateKernel,
     JoinKernel,
@@ -70,8 +70,6 @@ _SIGN = "__octo_sign"
 
 def plan_runs_in_driver(plan: PhysicalPlan) -> bool:
     """Whether every operator of the plan has a driver-path kernel."""
-    if plan.restarts_keys:
-        return False
     return all(isinstance(n, (PSource, PStateless, PUnion)) or kernel_supports(n)
                for n in plan.operators)
 
@@ -139,6 +137,8 @@ def run_in_driver(pipe: TableRun, ctx: BatchContext, inputs: dict[str, Any], row
         raise Unsupported("nested types")
     delta = evaluate(plan.root, lc, tables)
     delta = delta.rename_columns([*plan.root.columns, WEIGHT])
+    if plan.restarts_keys:
+        delta = restarted(pipe, lc, delta, pinned)
     events = with_bucket(pipe, lc, encode(pipe, delta, ctx.batch, ts_ms))
     lay = pipe.layout
     outputs = [LocalOutput(f"state/{w.table}", lay.state(pipe.name, w.table), w.rows,
@@ -165,6 +165,34 @@ def run_in_driver(pipe: TableRun, ctx: BatchContext, inputs: dict[str, Any], row
         write_dead_letters(pipe, settle_inputs(observed, stats), ctx.batch, ts_ms,
                            resumed=False)
     return versions
+
+
+def restarted(pipe: TableRun, lc: LocalContext, delta: pa.Table,
+              pinned: dict[str, int | None]) -> pa.Table:
+    """``sink.restarted`` in Arrow: a key whose group ``state_ttl`` forgot gets the
+    retraction of the row the current-state table holds for it (its insert becomes a ``u``,
+    never a second row)."""
+    keys = list(pipe.table.physical.pk or ())
+    path, store = pipe.layout.current(pipe.name), pipe.env.store
+    files = files_by_bucket(store, path, pinned.get("current"))
+    if not keys or not files:
+        return delta
+    w = delta[WEIGHT]
+    ins, dels = (safe_keys(delta.filter(cond).select(keys), keys, "_k")
+                 for cond in (pc.greater(w, 0), pc.less(w, 0)))
+    lone = key_join(ins[0], dels[0].select(dels[1]), ins[1], dels[1], "left anti")
+    if not lone.num_rows:
+        return delta
+    lone = lone.select(keys).append_column(BUCKET, lc.bucket(lone, keys))
+    schema = delta.schema.remove(delta.schema.get_field_index(WEIGHT))
+    reader = store.reader()
+    held = concat([read_bucket(reader, path, files.get(b, []), schema)
+                   for b in pc.unique(lone[BUCKET]).to_pylist()], schema)
+    held, cols = safe_keys(held, keys, "_k")
+    held = key_join(held, safe_keys(lone, keys, "_k")[0].select(cols), cols, cols, "left semi")
+    old = held.select(schema.names).append_column(
+        WEIGHT, pa.array(np.full(held.num_rows, -1, np.int64)))
+    return concat([delta, old], delta.schema)
 
 
 def with_bucket(pipe: TableRun, lc: LocalContext, events: pa.Table) -> pa.Table:

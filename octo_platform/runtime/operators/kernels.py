@@ -28,14 +28,14 @@ from octo_platform.physical.plan import PAggregate, PJoin, POver, PSession, PTop
 from octo_platform.runtime.operators.aggregate import Aggregate
 from octo_platform.runtime.operators.arrow import arrow_schema, concat, local_path, spark_eval
 from octo_platform.runtime.operators.aggregate_kernel import aggregate_step, live_rows, \
-    newest
+    newest, with_batch_column
 from octo_platform.runtime.operators.context import BatchContext, bucket_sql
 from octo_platform.runtime.operators.join import Join
 from octo_platform.runtime.operators.join_kernel import summed
 from octo_platform.runtime.operators.keyed_rows import KeyedRows, same_values
 from octo_platform.runtime.operators.spark_hash import hashable, spark_hash, spark_pmod
-from octo_platform.runtime.state_log import StateFile, compaction, latest, read_log, \
-    with_batch
+from octo_platform.runtime.state_log import BATCH, StateFile, compaction, latest, \
+    read_log, with_batch
 from octo_platform.sqltext import unquote
 
 if TYPE_CHECKING:
@@ -52,11 +52,7 @@ class Unsupported(Exception):
 
 def kernel_supports(node: object) -> bool:
     """Whether the driver path has a kernel for a stateful node (others run on Spark)."""
-    if isinstance(node, PAggregate):
-        return node.ttl_us is None
-    if isinstance(node, PJoin):
-        return node.ttl_us is None
-    return isinstance(node, (PTopN, PSession, POver))
+    return isinstance(node, (PAggregate, PJoin, PTopN, PSession, POver))
 
 
 @dataclass
@@ -87,6 +83,14 @@ class LocalContext:
     @property
     def spark(self):
         return self.ctx.spark
+
+    def unexpired(self, rows: pa.Table, ttl: int | None) -> pa.Table:
+        """``rows`` (with ``_batch``) but those ``state_ttl`` (``ttl``) expired: written by
+        the batch the context names or an earlier one."""
+        cut = self.ctx.expired_through
+        if not ttl or cut is None:
+            return rows
+        return rows.filter(pc.greater(rows[BATCH], cut))
 
     def frame(self, table: pa.Table) -> DataFrame:
         """An empty local relation of ``table``'s columns: for Spark's analysis only."""
@@ -211,8 +215,9 @@ class AggregateKernel:
         shape = lc.once(f"shape:{node.id}:{delta.schema}",
                         lambda: self.op.shape(lc.frame(delta)))
         step = aggregate_step(node, shape, lc.ctx.batch)
-        if step is None:
-            raise Unsupported("SUM/AVG of decimals, or nested types")
+        if step is None or (node.ttl_us and shape.ms_schemas):
+            raise Unsupported("SUM/AVG of decimals, nested types, or value multisets with "
+                              "state_ttl")
         alive = f"{COUNT} != 0" if keys else None
         state = lc.cached(node.id, lambda: latest(
             lc.spark, lc.ctx.state_log(node.id), shape.state_schema, keys, alive=alive,
@@ -231,18 +236,19 @@ class AggregateKernel:
         # Every row is wanted where groups leave without being touched (a window closes)
         # or there is one group; else only the touched groups' rows, found by key.
         whole = not keys or node.emit_on_close or step.closes is not None
+        ttl = node.ttl_us
         if whole:
-            before = state.table()
+            before = lc.unexpired(state.table(), ttl)
             done = step.run(delta, before, {i: s.table() for i, s in ms_state.items()})
         else:
             found = {i: s.find(delta) for i, s in ms_state.items()}
             found[None] = state.find(delta)
-            before = found[None].rows
+            before = lc.unexpired(found[None].rows, ttl)  # a forgotten group starts afresh
             done = step.run(delta, before, {i: f.rows for i, f in found.items()
                                             if i is not None}, keep_after=False)
 
         def kept(rows: pa.Table) -> pa.Table:  # a closed window's group is never touched
-            return step.open_rows(rows, marks[1])
+            return lc.unexpired(step.open_rows(rows, marks[1]), ttl)
         lc.fresh[node.id] = KeyedRows(kept(done.after), keys) if whole else state.replace(
             found[None], done.changes.filter(pc.not_equal(done.changes[COUNT], 0)))
         lc.stage(node.id, done.changes, state.table, kept, newest(keys), keys)
@@ -363,7 +369,9 @@ class JoinKernel:
         def on(what: str, rows: pa.Table) -> pa.Table:
             return lc.sql(f"{node.id}:{what}", rows, lambda df: df.filter(node.residual))
 
-        out, delta = self.step.run(keyed, {s: found[s].rows for s in "lr"}, on)
+        ttl, names = node.ttl_us, {s: self.step.row(s) for s in "lr"}  # a forgotten row
+        out, delta = self.step.run(keyed, {s: lc.unexpired(found[s].rows, ttl).select(
+            names[s]) for s in "lr"}, on)  # no longer matches
         for s in "lr":
             self.stage(s, state[s], delta[s])
         return out
@@ -383,17 +391,26 @@ class JoinKernel:
                            lambda df: op.with_keys(df, s, types))
 
     def stored(self, s: str, keyed: pa.Table) -> Any:
-        """Side ``s``'s stored Spark schema (``Join.stored_schema``)."""
+        """Side ``s``'s stored Spark schema (``Join.stored_schema``; with ``state_ttl``,
+        each row's ``_batch``)."""
         lc = self.lc
-        return lc.once(f"side:{self.node.id}:{s}:{keyed.schema}",
-                       lambda: self.op.stored_schema(s, lc.frame(keyed).schema))
+
+        def schema() -> Any:
+            got = self.op.stored_schema(s, lc.frame(keyed.select(self.step.row(s))).schema)
+            return with_batch(got) if self.node.ttl_us else got
+        return lc.once(f"side:{self.node.id}:{s}:{keyed.schema}", schema)
+
+    def row(self, s: str) -> list[str]:
+        """Side ``s``'s row as the cache holds it (``JoinStep.row``, then ``_batch`` with
+        ``state_ttl``)."""
+        return [*self.step.row(s), *([BATCH] if self.node.ttl_us else [])]
 
     def before(self, s: str, keyed: pa.Table) -> KeyedRows:
         """Side ``s``'s rows (``Join.row``) before the batch, from the run's cache, found
         by join key."""
         table = self.node.side_table(self.op.SIDES[s])
         stored = self.stored(s, keyed)
-        names = self.step.row(s)
+        names = self.row(s)
 
         def local(files: list[StateFile]) -> pa.Table | None:
             rows = _read_files(files, arrow_schema(stored))
@@ -406,11 +423,14 @@ class JoinKernel:
         """Stage the batch's rows of side ``s`` (``delta``, consolidated) for its log, and
         keep the side's rows after the batch for the cache (the batch's rows added: a
         retraction is a row of negative weight, as in the log)."""
-        op, lc = self.op, self.lc
+        op, lc, ttl = self.op, self.lc, self.node.ttl_us
         table = self.node.side_table(op.SIDES[s])
+        if ttl:  # each row's batch (a compaction sums multiplicities per batch)
+            delta = with_batch_column(delta, lc.ctx.batch)
         lc.fresh[table] = state.add(delta)
-        names = op.stored_names(s)
+        names = [*op.stored_names(s), *([BATCH] if ttl else [])]
         kept = arrow_schema(self.stored(s, delta))
         merge = functools.partial(summed, schema=kept)
         lc.stage(table, delta.rename_columns(names).cast(kept), state.table,
-                 lambda rows: merge(rows.rename_columns(names)), merge, op.stored_keys(s))
+                 lambda rows: lc.unexpired(merge(rows.rename_columns(names)), ttl), merge,
+                 op.stored_keys(s))
