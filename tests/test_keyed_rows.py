@@ -84,23 +84,7 @@ def test_hash_is_equal_for_equal_keys_and_spreads_the_rest():
     assert h[3] == h[5] and h[1] == h[6] and h[0] == h[7]
     assert len(set(h.tolist())) == 5  # ("", 0), NULLs, ("a", NaN), ("ab", 0), ("ba", NaN)
     many = pa.table({"k": np.arange(100_000)})
-    hashes = key_hash(many, ["k"])
-    assert not (hashes & np.uint64(0xFFFFFFFF)).any()  # the low half carries positions
-    # 32 bits: about n^2 / 2^33 colliding pairs (1.2 here), no more
-    assert len(np.unique(hashes)) >= 100_000 - 5
-
-
-def test_keys_whose_hashes_collide_are_told_apart():
-    """Two keys with the same hash: each lookup finds its own row only."""
-    keys = np.arange(300_000)
-    hashes = key_hash(pa.table({"k": keys}), ["k"])
-    order = np.argsort(hashes, kind="stable")
-    same = np.flatnonzero(hashes[order][1:] == hashes[order][:-1])
-    assert len(same), "300K keys in 32 bits collide (about 10 pairs)"
-    a, b = keys[order[same[0]]], keys[order[same[0] + 1]]
-    rows = KeyedRows(pa.table({"k": [a, 7, b], "v": ["a", "x", "b"]}), ["k"])
-    for key, value in ((a, "a"), (b, "b")):
-        assert rows.find(pa.table({"k": [key]})).rows.to_pylist() == [{"k": key, "v": value}]
+    assert len(np.unique(key_hash(many, ["k"]))) == 100_000
     assert key_hash(pa.table({"d": pa.array([Decimal(1)])}), ["d"]) is None
 
 

@@ -3,10 +3,8 @@
 touches in O(its keys x log(state)), never scanning the rest, and replaces them in O(its
 keys) plus an amortized share of a merge.
 
-Rows live in two runs, each an Arrow table in any order with an index: a hash of the key
-columns per row (``key_hash``: 32 bits, kept in the high half of a 64-bit word so that the
-low half can carry the row's position while one ``sort`` builds the index), sorted, with
-each hash's row. The ``base`` run has a
+Rows live in two runs, each an Arrow table in any order with an index: a 64-bit hash of the
+key columns per row (``key_hash``), sorted, with each hash's row. The ``base`` run has a
 mask of the rows since replaced; a small ``recent`` run holds the rows written since the
 base was built. A lookup binary-searches both indexes for the hashes of the keys asked,
 then compares the key columns themselves (NULL equals NULL, NaN equals NaN, -0.0 equals
@@ -32,8 +30,6 @@ from octo_platform.runtime.operators.arrow import concat, key_join, normal_float
 __all__ = ["KeyedRows", "Found", "key_hash", "same_values"]
 
 _NULL = np.uint64(0x9E3779B97F4A7C15)  # a NULL key column's hash
-_LOW = np.uint64(0xFFFFFFFF)
-_HIGH = ~_LOW  # the bits of a hash (``key_hash``)
 _PRIME = np.uint64(0x100000001B3)
 
 
@@ -101,8 +97,8 @@ def _bytes_hash(col: pa.Array) -> np.ndarray:
 
 
 def key_hash(table: pa.Table, keys: list[str]) -> np.ndarray | None:
-    """Per row, a hash of ``keys`` (equal keys, equal hashes) in the high 32 bits of a
-    uint64, its low 32 bits zero; None when a key's type is not covered."""
+    """Per row, a 64-bit hash of ``keys`` (equal keys, equal hashes); None when a key's
+    type is not covered."""
     h = np.zeros(table.num_rows, np.uint64)
     for k in keys:
         col = table.column(k).combine_chunks()
@@ -112,7 +108,7 @@ def key_hash(table: pa.Table, keys: list[str]) -> np.ndarray | None:
         if col.null_count:
             words = np.where(col.is_valid().to_numpy(zero_copy_only=False), words, _NULL)
         h = _mix(h * _PRIME ^ words)
-    return h & _HIGH
+    return h
 
 
 class _Run:
@@ -124,16 +120,8 @@ class _Run:
 
     @staticmethod
     def of(rows: pa.Table, hashes: np.ndarray) -> _Run:
-        """``rows`` indexed by their ``hashes`` (``key_hash``'s: low halves zero): each
-        row's position goes into its hash's low half, and a plain sort of those words
-        (half the time of an ``argsort``) gives both the sorted hashes and their rows."""
-        n = len(hashes)
-        if n > int(_LOW):
-            order = np.argsort(hashes)
-            return _Run(rows, hashes[order], order)
-        words = hashes | np.arange(n, dtype=np.uint64)
-        words.sort()
-        return _Run(rows, words & _HIGH, (words & _LOW).astype(np.int64))
+        order = np.argsort(hashes)
+        return _Run(rows, hashes[order], order)
 
     def pairs(self, hashes: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
         """(i, j) for each asked hash ``hashes[i]`` and sorted position ``j`` of that
