@@ -32,8 +32,8 @@ class Join:
     run in Spark tasks by ``join_tasks`` and in the driver by ``kernels``) reads only the
     buckets a batch touches; so does this operator, which serves outer, semi and anti joins
     with a residual condition and ``state_ttl``: it reads the files of the buckets the
-    batch's join keys fall in (and keeps the rows whose key the batch touched). Per side, one aggregate lines up every row of those keys
-    with its old and new multiplicity
+    batch's join keys fall in (and keeps the rows whose key the batch touched). Per side,
+    one aggregate lines up every row of those keys with its old and new multiplicity
     (``_lo``/``_ln``, ``_ro``/``_rn``); the matched part is Δ(L⋈R) = ΔL⋈R_old + L_new⋈ΔR.
     Outer, semi and anti joins also compare, for the keys the batch touched, each row's
     matches before and after the batch: a null-padded row is retracted when its first match
