@@ -19,7 +19,12 @@ from pathlib import Path
 
 import pytest
 from py4j.protocol import Py4JNetworkError
-from pyspark.errors import AnalysisException, PythonException, StreamingQueryException
+from pyspark.errors import (
+    AnalysisException,
+    IllegalArgumentException,
+    PythonException,
+    StreamingQueryException,
+)
 
 from octo_platform.errors import PlanError, RunError
 from octo_platform.project import load_project
@@ -137,6 +142,9 @@ def test_transient_failures_are_told_from_the_projects_errors():
     assert transient(connect)
     assert transient(Py4JNetworkError("Answer from Java side is empty"))
     assert transient(ConnectionResetError("peer reset"))
+    # a source runner that died in Spark's handshake, seen once in a clean-clone run
+    assert transient(IllegalArgumentException(message="Authentication failed."))
+    assert not transient(IllegalArgumentException(message="[INVALID_PARAMETER_VALUE] x"))
     assert not transient(RunError("a batch follows another"))
     assert not transient(PlanError("not incremental"))
     assert not transient(AnalysisException(message="[UNRESOLVED_COLUMN] x"))
