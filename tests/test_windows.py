@@ -259,18 +259,27 @@ def test_a_table_over_a_windowed_table_inherits_its_watermark(spark, tmp_path):
     assert closed
 
 
-def test_a_parquet_sources_watermark_comes_from_its_footers(spark, tmp_path):
+@pytest.mark.parametrize("path", ["spark", "driver"])
+def test_a_parquet_sources_watermark_comes_from_its_footers(spark, tmp_path, monkeypatch, path):
     """On the Spark path a batch that closes windows needs its new watermark before it runs:
     for Parquet files whose columns have exactly their declared types it is read from the
-    footers (no job), otherwise from the rows. Either way the windows closed are those
-    Spark's batch query closes: with NULL event times, a late row, and a file whose column
-    needs a cast."""
+    footers (no job), otherwise from the rows. On the driver path a batch of such files
+    whose event times are all present and on time is marked in Arrow, with no Spark call
+    (``driver_inputs.on_time``); Spark marks the others. Either way the windows closed are
+    those Spark's batch query closes: with NULL event times, a late row, a file whose column
+    needs a cast, and a round with none of these."""
     from datetime import datetime, timedelta, timezone
 
     import pyarrow as pa
     import pyarrow.parquet as pq
     from deltalake import DeltaTable
 
+    from octo_platform.runtime import driver_inputs
+
+    marked: list[int] = []  # the rounds whose records Spark marked on the driver path
+    spark_marks = driver_inputs.mark_late
+    monkeypatch.setattr(driver_inputs, "mark_late",
+                        lambda *a: marked.append(r) or spark_marks(*a))
     (tmp_path / "sql").mkdir()
     (tmp_path / "sql" / "goals.sql").write_text("""
 CREATE SOURCE goals (team BIGINT, ts TIMESTAMP, WATERMARK FOR ts AS ts - INTERVAL '5' SECOND)
@@ -282,14 +291,16 @@ EMIT ON WINDOW CLOSE;""")
     rng = random.Random(7)
     good: list[tuple[int, datetime]] = []
     mark = None  # the watermark (the latest good event time - 5 s)
-    rounds = [(0, 150, pa.int64()), (100, 300, pa.int64()), (280, 420, pa.int32())]
+    # (earliest and latest second, the team column's type, whether a file has a NULL time)
+    rounds = [(0, 150, pa.int64(), True), (100, 300, pa.int64(), False),
+              (280, 420, pa.int32(), True), (420, 500, pa.int64(), False)]
     files = tmp_path / "data" / "goals"
     files.mkdir(parents=True)
-    for r, (lo, hi, team_type) in enumerate(rounds):
+    for r, (lo, hi, team_type, nulls) in enumerate(rounds):
         for f in range(2):
             times = [start + timedelta(seconds=rng.uniform(lo, hi)) for _ in range(40)]
             teams = [rng.randint(0, 3) for _ in times]
-            if f == 0:
+            if f == 0 and nulls:
                 times[0] = None  # no event time: a dead letter
             if r == 1 and f == 1:
                 times[1] = start + timedelta(seconds=5)  # below the watermark: late
@@ -299,8 +310,8 @@ EMIT ON WINDOW CLOSE;""")
                      if ts is not None and (mark is None or ts >= mark)]
         mark = max(ts for _, ts in good) - timedelta(seconds=5)
         report = run_tables(spark, tmp_path, until_idle=True, options=default_options(
-            buckets=2, progress=None, driver_rows=0))
-        assert [b.path for b in report.batches] == ["spark"]
+            buckets=2, progress=None, driver_rows=0 if path == "spark" else 10**9))
+        assert [b.path for b in report.batches] == [path]
         want: dict[tuple, int] = {}
         for team, ts in good:
             begin = ts.replace(second=0, microsecond=0)
@@ -310,3 +321,5 @@ EMIT ON WINDOW CLOSE;""")
         got = {(row["window_start"], row["team"]): row["n"]
                for row in rows.to_pyarrow_table().to_pylist()}
         assert got == want, r
+    # round 2's files need a cast: Spark parses them, and marks them with the parse
+    assert marked == ([] if path == "spark" else [0, 1, 2])

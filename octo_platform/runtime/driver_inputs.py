@@ -3,10 +3,12 @@
 New JSON, Debezium JSON and Parquet files are read here and parsed by the connector's own
 Spark SQL over a local relation (``connectors/files.read_files_local``); an upstream
 table's changelog files are read with Arrow and decoded (``debezium.decode_arrow``).
-Good and bad records, late ones and the latest event time are counted from what was read,
-as the Spark path observes them (``inputs.settle_inputs``); bad records become the
-batch's dead letters. Other inputs (Kafka, CSV, ``delta`` sources, remote files) raise
-``Unsupported``: the driver path then reads them with Spark (``inputs.read_inputs``).
+Parquet records whose event times are all at or above their source's watermark skip Spark
+altogether (``on_time``). Good and bad records, late ones and the latest event time are
+counted from what was read, as the Spark path observes them (``inputs.settle_inputs``);
+bad records become the batch's dead letters. Other inputs (Kafka, CSV, ``delta`` sources,
+remote files) raise ``Unsupported``: the driver path then reads them with Spark
+(``inputs.read_inputs``).
 """
 from __future__ import annotations
 
@@ -83,6 +85,9 @@ def read_local(pipe: TableRun, lc: LocalContext, inputs: dict[str, Any], rows: i
             raise Unsupported(str(e)) from e
         if parsed.evaluated is not None and sdef.watermark is None:
             got_rows = parsed.evaluated
+        elif parsed.evaluated is not None and (got_rows := on_time(
+                parsed.evaluated, sdef, stats.watermarks.get(key))) is not None:
+            pass
         else:
             records = parsed.records if parsed.records is not None else \
                 local_frame(lc.spark, parsed.evaluated)
@@ -111,6 +116,23 @@ def read_local(pipe: TableRun, lc: LocalContext, inputs: dict[str, Any], rows: i
                 WEIGHT, pa.array([1] * good.num_rows, pa.int64()))
         out.tables[src.name.lower()] = weighted
     return out
+
+
+def on_time(records: pa.Table, sdef: Any, before: int | None) -> pa.Table | None:
+    """``records`` (parsed in Arrow, none bad) with their event times as ``_t`` when each
+    has one at or above the watermark ``before``: ``mark_late`` would then mark none, and
+    Spark is not asked. None when some record is late or has no event time (``mark_late``
+    makes them dead letters, with Spark's text of the time in the reason)."""
+    wm = sdef.watermark
+    (name,) = [c for c in records.column_names if c.lower() == wm.column.lower()]
+    times = records[name]
+    if not (pa.types.is_timestamp(times.type) and times.type.unit == "us") \
+            or times.null_count:
+        return None
+    micros = times.cast(pa.int64())
+    if before is not None and records.num_rows and pc.min(micros).as_py() < before:
+        return None
+    return records.append_column("_t", micros)
 
 
 def _rows_frame(pipe: TableRun, fsrc: Any):
