@@ -126,8 +126,9 @@ def on_time(records: pa.Table, sdef: Any, before: int | None) -> pa.Table | None
     wm = sdef.watermark
     (name,) = [c for c in records.column_names if c.lower() == wm.column.lower()]
     times = records[name]
-    if not (pa.types.is_timestamp(times.type) and times.type.unit == "us") \
-            or times.null_count:
+    # a TIMESTAMP (an instant): Spark's unix_micros is its value, whatever the session's zone
+    if not (pa.types.is_timestamp(times.type) and times.type.unit == "us"
+            and times.type.tz is not None) or times.null_count:
         return None
     micros = times.cast(pa.int64())
     if before is not None and records.num_rows and pc.min(micros).as_py() < before:

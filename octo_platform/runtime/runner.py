@@ -374,17 +374,18 @@ _PERMANENT = re.compile(
     r"AttributeError|NameError|UnboundLocalError|AssertionError|ValueError|IndexError|"
     r"ZeroDivisionError|NotImplementedError|ImportError|ModuleNotFoundError|RecursionError|"
     r"SyntaxError)(?::|$)", re.MULTILINE)
-# Spark's handshake with a Python worker it started (a UDF's, a data source's) failed: the worker
-# died while connecting (e.g. its daemon was killed); Spark raises an IllegalArgumentException.
+# Spark's handshake with a Python worker it started (a UDF's, a data source's) failed: the
+# worker died while connecting (e.g. its daemon was killed); Spark raises it as an
+# IllegalArgumentException.
 _HANDSHAKE = "Authentication failed"
 
 
 def transient(error: BaseException) -> bool:
     """Whether ``error`` is a failure of Spark's machinery that a retry may not meet again:
-    a Python worker that did not start, connect back or finish its handshake, a lost executor or task, a broken
-    Py4J or socket connection, a failed Delta commit. Not: octo's own errors (``OctoError``:
-    bad SQL, a changed plan, a missing upstream), a plan or value Spark rejects, or a bug in
-    Python code (``TypeError``, ``KeyError``, ...)."""
+    a Python worker that did not start, connect back or finish its handshake, a lost
+    executor or task, a broken Py4J or socket connection, a failed Delta commit. Not: octo's
+    own errors (``OctoError``: bad SQL, a changed plan, a missing upstream), a plan or value
+    Spark rejects, or a bug in Python code (``TypeError``, ``KeyError``, ...)."""
     from py4j.protocol import Py4JError
     from pyspark.errors import (
         AnalysisException,
