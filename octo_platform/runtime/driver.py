@@ -8,8 +8,7 @@ and sliding OVER ranges, ``state_ttl`` too) runs here instead of in a Spark job:
 
 1. each input's rows are read into Arrow (``toArrow``: the path's one Spark job per input
    read; record counts and dead letters are observed by it as on the Spark path);
-2. stateless steps run as Spark SQL over local relations (no job, Spark's semantics; a
-   filter sees only the columns it names, and the rows it keeps are taken in Arrow) and
+2. stateless steps run as Spark SQL over local relations (no job, Spark's semantics) and
    stateful operators as kernels over the run's state cache (``operators/kernels.py``,
    ``operators/partition_kernel.py``; a sliding OVER range's window functions run as one
    small job over a local relation);
@@ -23,10 +22,8 @@ batch runs on the Spark path; so does a batch that resumes a half-finished attem
 from __future__ import annotations
 
 import os
-import re
 from collections import Counter
 from functools import reduce
-from itertools import takewhile
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
@@ -68,8 +65,6 @@ __all__ = ["DEFAULT_DRIVER_ROWS", "plan_runs_in_driver", "input_rows", "run_in_d
 DEFAULT_DRIVER_ROWS = 100_000
 _TEXT_BYTES_PER_ROW = 4096  # a text file bigger than this per allowed row is not counted
 _W = quote(WEIGHT)
-_POS = "__octo_pos"  # a row's position, beside the columns a filter names
-_WORD = re.compile(r"`((?:[^`]|``)+)`|([^\W\d]\w*)")  # a quoted name, or a word
 _SIGN = "__octo_sign"
 
 
@@ -227,19 +222,13 @@ def evaluate(node: Any, lc: LocalContext, tables: dict[str, pa.Table]) -> pa.Tab
         return tables[node.name.lower()]
     if isinstance(node, PStateless):
         table, steps = evaluate(node.input, lc, tables), node.steps
-        while steps:
-            filters = len(list(takewhile(lambda step: step[0] == "filter", steps)))
-            if (picked := _columns(steps[0], table)) is not None:
-                table = table.select(picked).rename_columns([*steps[0][1], WEIGHT])
-                steps = steps[1:]
-            elif filters:
-                table = table.take(_kept(lc, f"{node.id}:{len(steps)}", table, steps[:filters]))
-                steps = steps[filters:]
-            else:
-                rest = steps
-                return lc.sql(f"{node.id}:{len(rest)}", table,
-                              lambda df: apply_steps(df, rest, _W))
-        return table
+        while steps and (picked := _columns(steps[0], table)) is not None:
+            table = table.select(picked).rename_columns([*steps[0][1], WEIGHT])
+            steps = steps[1:]
+        if not steps:
+            return table
+        return lc.sql(f"{node.id}:{len(steps)}", table,
+                      lambda df: apply_steps(df, steps, _W))
     if isinstance(node, PUnion):
         names = [*node.columns, WEIGHT]
         parts = [evaluate(c, lc, tables).rename_columns(names) for c in node.children]
@@ -260,18 +249,6 @@ def evaluate(node: Any, lc: LocalContext, tables: dict[str, pa.Table]) -> pa.Tab
     if isinstance(node, POver):
         return OverKernel(node, lc).run(evaluate(node.input, lc, tables))
     raise Unsupported(type(node).__name__)
-
-
-def _kept(lc: LocalContext, what: str, table: pa.Table, filters: tuple) -> pa.Array:
-    """The positions of the rows of ``table`` that ``filters`` keep: Spark evaluates them
-    over the columns their SQL may name (a word of it, or a quoted name) and each row's
-    position, not over every column of the rows."""
-    words = {(quoted.replace("``", "`") if quoted else bare).lower()
-             for _, _, (sql,) in filters for quoted, bare in _WORD.findall(sql)}
-    named = [c for c in table.column_names if c.lower() in words]
-    few = table.select(named).append_column(_POS, pa.array(np.arange(table.num_rows)))
-    return lc.sql(f"{what}:kept", few,
-                  lambda df: apply_steps(df, filters, _W).select(_POS))[_POS]
 
 
 def _columns(step: tuple, table: pa.Table) -> list[str] | None:
