@@ -83,12 +83,11 @@ def read_local(pipe: TableRun, lc: LocalContext, inputs: dict[str, Any], rows: i
             parsed = pipe.env.read_files_local(lc.spark, fsrc, files)
         except LookupError as e:
             raise Unsupported(str(e)) from e
-        if parsed.evaluated is not None and sdef.watermark is None:
-            got_rows = parsed.evaluated
-        elif parsed.evaluated is not None and (got_rows := on_time(
-                parsed.evaluated, sdef, stats.watermarks.get(key))) is not None:
-            pass
-        else:
+        got_rows = None  # the records as Arrow, if no Spark call is needed for them
+        if parsed.evaluated is not None:
+            got_rows = parsed.evaluated if sdef.watermark is None else \
+                on_time(parsed.evaluated, sdef, stats.watermarks.get(key))
+        if got_rows is None:
             records = parsed.records if parsed.records is not None else \
                 local_frame(lc.spark, parsed.evaluated)
             if sdef.watermark is not None:
