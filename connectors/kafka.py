@@ -34,7 +34,7 @@ if TYPE_CHECKING:
     from pyspark.sql import DataFrame, SparkSession
 
 __all__ = ["KafkaTopic", "KafkaSource", "properties", "broker_timeout", "watermarks", "read",
-           "commit_offsets", "group_id", "to_end", "failure", "worker_error", "WAIT_S",
+           "read_local", "commit_offsets", "group_id", "to_end", "failure", "worker_error", "WAIT_S",
            "EXECUTOR_WAIT_S"]
 
 # broker_timeout's defaults: how long the driver waits for a broker or a topic (metadata,
@@ -231,16 +231,44 @@ def commit_offsets(source: KafkaSource, table: str, ranges: dict[str, list[int]]
 def read(spark: SparkSession, source: KafkaSource, ranges: dict[str, list[int]]) -> Parsed:
     """The records of the messages of ``ranges`` (``{partition: [from, to)}``), fetched by
     executors (one Spark partition per range) and parsed in the source's format."""
-    return parse_json(messages(spark, source, ranges),
-                      FileSource(source.name, source.columns, source.types, source.topic,
-                                 source.format))
+    return parse_json(messages(spark, source, ranges), _as_file_source(source))
+
+
+def read_local(spark: SparkSession, source: KafkaSource,
+               ranges: dict[str, list[int]]) -> Parsed:
+    """``read`` for a small batch in the driver: the ranges fetched here, by one consumer,
+    and parsed by the same Spark SQL over a local relation (no Spark job)."""
+    import pyarrow as pa
+
+    from octo_platform.local_frames import local_frame
+
+    todo = pa.RecordBatch.from_pylist([{"partition": p, "start": a, "stop": b}
+                                       for p, a, b in _todo(ranges)])
+    fetched = _fetcher(source, executor=False)(iter([todo])) if todo.num_rows else iter([])
+    lines = pa.Table.from_batches(list(fetched), schema=_messages_schema())
+    return parse_json(local_frame(spark, lines), _as_file_source(source))
+
+
+def _messages_schema() -> pa.Schema:
+    import pyarrow as pa
+
+    return pa.schema([("value", pa.string()), ("file", pa.string())])
+
+
+def _as_file_source(source: KafkaSource) -> FileSource:
+    return FileSource(source.name, source.columns, source.types, source.topic, source.format)
+
+
+def _todo(ranges: dict[str, list[int]]) -> list[tuple[int, int, int]]:
+    """(partition, from, to) of the ranges that hold messages, by partition."""
+    return sorted((int(p), int(a), int(b)) for p, (a, b) in ranges.items() if b > a)
 
 
 def messages(spark: SparkSession, source: KafkaSource,
              ranges: dict[str, list[int]]) -> DataFrame:
     """``value`` (a message's value as text) and ``file`` (``topic/partition@offset``) of
     the messages of ``ranges``."""
-    todo = sorted((int(p), int(a), int(b)) for p, (a, b) in ranges.items() if b > a)
+    todo = _todo(ranges)
     if not todo:
         return spark.createDataFrame([], "value STRING, file STRING")
     plan = spark.createDataFrame(spark.sparkContext.parallelize(todo, len(todo)),
@@ -248,15 +276,17 @@ def messages(spark: SparkSession, source: KafkaSource,
     return plan.mapInArrow(_fetcher(source), "value STRING, file STRING")
 
 
-def _fetcher(source: KafkaSource):
-    """The ``mapInArrow`` function fetching each range of its input rows. Runs on executors."""
+def _fetcher(source: KafkaSource, *, executor: bool = True):
+    """The ``mapInArrow`` function fetching the ranges of its input rows (on executors, or
+    in the driver for ``read_local``): one batch of messages per input batch, its ranges
+    fetched together."""
     config = source.config(**{"group.id": f"octo-{source.name}", "enable.auto.commit": False,
                               "enable.partition.eof": True, "auto.offset.reset": "error"})
-    topic, where, wait_s = source.topic, source.where(), source.wait_s(executor=True)
+    topic, where, wait_s = source.topic, source.where(), source.wait_s(executor=executor)
 
     def fetch(batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
         import pyarrow as pa
-        from confluent_kafka import Consumer, KafkaException, TopicPartition
+        from confluent_kafka import Consumer, KafkaException
 
         try:
             consumer = Consumer(config)
@@ -264,36 +294,41 @@ def _fetcher(source: KafkaSource):
             raise failure(where, "client configuration", e) from None
         try:
             for rb in batches:
-                for p, start, stop in zip(*(rb.column(i).to_pylist() for i in range(3))):
-                    values, files = [], []
-                    for offset, value in _range(consumer, TopicPartition(topic, p, start),
-                                                stop, where, wait_s):
-                        if value is None:  # a tombstone: nothing to read
-                            continue
-                        values.append(value.decode("utf-8", errors="replace"))
-                        files.append(f"{topic}/{p}@{offset}")
-                    yield pa.RecordBatch.from_pydict({"value": values, "file": files})
+                todo = list(zip(*(rb.column(i).to_pylist() for i in range(3))))
+                values, files = [], []
+                for p, offset, value in _ranges(consumer, topic, todo, where, wait_s):
+                    if value is None:  # a tombstone: nothing to read
+                        continue
+                    values.append(value.decode("utf-8", errors="replace"))
+                    files.append(f"{topic}/{p}@{offset}")
+                yield pa.RecordBatch.from_pydict({"value": values, "file": files},
+                                                 schema=_messages_schema())
         finally:
             consumer.close()
 
     return fetch
 
 
-def _range(consumer: Any, start: Any, stop: int, where: str,
-           wait_s: float) -> Iterator[tuple[int, Any]]:
-    """(offset, value) of the messages of ``[start.offset, stop)`` of one partition; fails
-    naming ``where`` when nothing arrives for ``wait_s``."""
-    from confluent_kafka import KafkaError, KafkaException
+def _ranges(consumer: Any, topic: str, todo: list[tuple[int, int, int]], where: str,
+            wait_s: float) -> Iterator[tuple[int, int, Any]]:
+    """(partition, offset, value) of the messages of the ranges ``todo`` (partition,
+    from, to), all assigned at once (one partition after the other would wait each time
+    for the fetch the broker holds at the end of the last); per partition in offset order.
+    Fails naming ``where`` when nothing arrives for ``wait_s``."""
+    from confluent_kafka import KafkaError, KafkaException, TopicPartition
 
-    nxt, unanswered = start.offset, None
+    nxt = {p: a for p, a, _ in todo}  # each partition's next offset
+    stops = {p: b for p, _, b in todo}
+    unanswered = None
 
     def call() -> str:
-        return f"fetch of partition {start.partition} offsets {nxt}..{stop}"
+        return ", ".join(f"fetch of partition {p} offsets {nxt[p]}..{stops[p]}"
+                         for p in sorted(nxt) if nxt[p] < stops[p])
 
     try:
-        consumer.assign([start])
+        consumer.assign([TopicPartition(topic, p, a) for p, a, _ in todo])
         deadline = time.monotonic() + wait_s
-        while nxt < stop:
+        while any(nxt[p] < stops[p] for p in nxt):
             msg = consumer.poll(min(1.0, wait_s))
             err = msg.error() if msg is not None else None
             if msg is None or err is not None and (err.code() == KafkaError._PARTITION_EOF
@@ -305,12 +340,13 @@ def _range(consumer: Any, start: Any, stop: int, where: str,
                 continue
             if err is not None:
                 raise failure(where, call(), err)
-            if msg.offset() < start.offset:
-                continue
-            nxt = msg.offset() + 1  # offsets may skip (transaction markers, compaction)
+            p, offset = msg.partition(), msg.offset()
+            if p not in nxt or offset < nxt[p] or nxt[p] >= stops[p]:
+                continue  # before the range (a compacted topic's fetch), or past its end
+            nxt[p] = offset + 1  # offsets may skip (transaction markers, compaction)
             deadline = time.monotonic() + wait_s
-            if msg.offset() < stop:
-                yield msg.offset(), msg.value()
+            if offset < stops[p]:
+                yield p, offset, msg.value()
         consumer.unassign()
     except KafkaException as e:
         raise failure(where, call(), e, waited=wait_s) from None

@@ -45,6 +45,7 @@ def default_environment(storage_options: dict[str, str] | None = None) -> Enviro
         kafka_source=kafka.KafkaSource.from_options,
         kafka_watermarks=kafka.watermarks,
         read_kafka=kafka.read,
+        read_kafka_local=kafka.read_local,
         commit_kafka=kafka.commit_offsets,
         kafka_sink=kafka_sink.KafkaSink.from_options,
         publish_kafka=kafka_sink.publish,

@@ -107,8 +107,12 @@ def read_topic(address: str, topic: str) -> list[dict]:
     ``offset``, ``key`` and ``value`` (text or None) and ``headers`` (a dict of text)."""
     from confluent_kafka import Consumer, KafkaError, TopicPartition
 
+    # A fetch at a partition's end is held by the broker for fetch.wait.max.ms (500 ms by
+    # default) before the end-of-partition event, and so is the next partition's first
+    # fetch: the end is what this reader waits for.
     consumer = Consumer({"bootstrap.servers": address, "group.id": "test-reader",
-                         "enable.auto.commit": False, "enable.partition.eof": True})
+                         "enable.auto.commit": False, "enable.partition.eof": True,
+                         "fetch.wait.max.ms": 10})
     out: list[dict] = []
     try:
         parts = sorted(consumer.list_topics(topic, timeout=10).topics[topic].partitions)

@@ -54,7 +54,10 @@ def _row_id(line: str) -> int | None:
     return image.get("id") if isinstance(image, dict) else None
 
 
-def test_kafka_sources_match_batch_sql(spark, tmp_path):
+@pytest.mark.parametrize("path", ["driver", "spark"])
+def test_kafka_sources_match_batch_sql(spark, tmp_path, path):
+    """Each path fetches the ranges its batches logged (the driver path in the driver, the
+    Spark path by executors) and parses them alike."""
     rng = random.Random(20261125)
     with tansu() as address:
         create_topic(address, "dbserver.public.accounts", 3)
@@ -62,7 +65,8 @@ def test_kafka_sources_match_batch_sql(spark, tmp_path):
         sql = _project(tmp_path, address)
         producer = Producer(address)
         accounts, clicks = RandomInput(1, True), RandomInput(2, False)
-        options = default_options(buckets=4, progress=None)
+        options = default_options(buckets=4, progress=None,
+                                  driver_rows=0 if path == "spark" else 10**6)
         bad = 0
         for round_no in range(3):
             for line in accounts.lines(rng.randint(8, 20), bad=1):
@@ -78,7 +82,7 @@ def test_kafka_sources_match_batch_sql(spark, tmp_path):
             for line in clicks.lines(rng.randint(5, 15)):
                 producer.send("clicks", rng.randrange(3), line)
             report = run_tables(spark, tmp_path, options=options, until_idle=True)
-            assert report.batches
+            assert report.batches and {b.path for b in report.batches} == {path}
             project = load_project(tmp_path)
             for name in TABLES:
                 assert table_status(project, name, options=options).waiting == 0
@@ -155,8 +159,8 @@ def test_an_unreachable_broker_fails_naming_the_source(tmp_path):
 
 
 def test_each_call_to_a_broker_that_went_away_names_the_source(spark, tmp_path, monkeypatch):
-    """Whichever call the broker stops answering (metadata, watermarks, the executors'
-    fetch, the consumer group's offset commit), the error names the source, its topic and
+    """Whichever call the broker stops answering (metadata, watermarks, the fetch by
+    executors or in the driver, the consumer group's offset commit), the error names the source, its topic and
     brokers, and the call, once the source's broker_timeout has passed; with the broker
     back, the next run reads the batch it had logged, each message once."""
     from dataclasses import replace
@@ -195,19 +199,23 @@ def test_each_call_to_a_broker_that_went_away_names_the_source(spark, tmp_path, 
             finally:
                 resume(address)
 
-        # The broker goes away once the batch's ranges are planned and logged: the fetch.
+        # The broker goes away once the batch's ranges are planned and logged: the fetch,
+        # in the driver (the driver path), then by executors (the Spark path, which also
+        # runs a batch resumed, as the batch logged by the first attempt is).
         options = default_options(progress=None)
+        for path, read, driver_rows in (("read_kafka_local", kafka.read_local, 10**6),
+                                        ("read_kafka", kafka.read, 0)):
+            def read_then_pause(spark, src, ranges, read=read):
+                pause(address)
+                return read(spark, src, ranges)
 
-        def read_then_pause(spark, src, ranges):
-            pause(address)
-            return kafka.read(spark, src, ranges)
-
-        gone = replace(options, env=replace(options.env, read_kafka=read_then_pause))
-        try:
-            fails("fetch of partition ", lambda: run_tables(spark, tmp_path, options=gone,
-                                                             until_idle=True))
-        finally:
-            resume(address)
+            gone = replace(options, driver_rows=driver_rows,
+                           env=replace(options.env, **{path: read_then_pause}))
+            try:
+                fails("fetch of partition ", lambda: run_tables(spark, tmp_path, options=gone,
+                                                                 until_idle=True))
+            finally:
+                resume(address)
         (tmp_path / "sql" / "t.sql").write_text(f"{source_sql});\n{table_sql}")
         report = run_tables(spark, tmp_path, options=options, until_idle=True)
         assert [b.batch for b in report.for_table("t")] == [0]

@@ -6,12 +6,14 @@ table's changelog files are read with Arrow and decoded (``debezium.decode_arrow
 Parquet records whose event times are all at or above their source's watermark skip Spark
 altogether (``on_time``). Good and bad records, late ones and the latest event time are
 counted from what was read, as the Spark path observes them (``inputs.settle_inputs``);
-bad records become the batch's dead letters. Other inputs (Kafka, CSV, ``delta`` sources,
-remote files) raise ``Unsupported``: the driver path then reads them with Spark
-(``inputs.read_inputs``).
+bad records become the batch's dead letters. A Kafka source's ranges are fetched here by one
+consumer and parsed like lines of a file (``connectors/kafka.read_local``). Other inputs
+(CSV, ``delta`` sources, remote files) raise ``Unsupported``: the driver path then reads
+them with Spark (``inputs.read_inputs``).
 """
 from __future__ import annotations
 
+import functools
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
@@ -71,16 +73,25 @@ def read_local(pipe: TableRun, lc: LocalContext, inputs: dict[str, Any], rows: i
             out.tables[src.name.lower()] = changes
             continue
         sdef = pipe.project.source(src.name)
-        if sdef.connector != "files":
+        if sdef.connector == "kafka":
+            ksrc = pipe.env.kafka_source(sdef.name, sdef.options, columns=sdef.columns,
+                                         types=sdef.types)
+            todo = {p: r for p, r in (got or {}).get("ranges", {}).items() if r[1] > r[0]}
+            read = functools.partial(pipe.env.read_kafka_local, lc.spark, ksrc, todo)
+            empty = functools.partial(pipe.env.read_kafka, pipe.spark, ksrc, {})
+        elif sdef.connector == "files":
+            fsrc = pipe.env.file_source(sdef, pipe.project.source_path(sdef))
+            todo = (got or {}).get("files", [])
+            read = functools.partial(pipe.env.read_files_local, lc.spark, fsrc, todo)
+            empty = functools.partial(pipe.env.read_files, pipe.spark, fsrc, [])
+        else:
             raise Unsupported(f"{sdef.connector} sources")
-        fsrc = pipe.env.file_source(sdef, pipe.project.source_path(sdef))
-        files = (got or {}).get("files", [])
-        if not files:
+        if not todo:
             out.tables[src.name.lower()] = lc.once(f"empty:{key}", lambda: arrow_schema(
-                _rows_frame(pipe, fsrc)).empty_table())
+                _rows_schema(empty())).empty_table())
             continue
         try:
-            parsed = pipe.env.read_files_local(lc.spark, fsrc, files)
+            parsed = read()
         except LookupError as e:
             raise Unsupported(str(e)) from e
         got_rows = None  # the records as Arrow, if no Spark call is needed for them
@@ -135,9 +146,8 @@ def on_time(records: pa.Table, sdef: Any, before: int | None) -> pa.Table | None
     return records.append_column("_t", micros)
 
 
-def _rows_frame(pipe: TableRun, fsrc: Any):
-    """The (empty) weighted rows a file source yields, for their Spark schema."""
-    parsed = pipe.env.read_files(pipe.spark, fsrc, [])
+def _rows_schema(parsed: Any):
+    """The Spark schema of the weighted rows of a source's (empty) read."""
     return parsed.rows(parsed.records).schema
 
 

@@ -66,6 +66,7 @@ class Environment:
     kafka_source: Callable[..., Any]  # (name, WITH options, columns=, types=) -> a source
     kafka_watermarks: Callable[[Any], dict[int, tuple[int, int]]]  # {partition: (low, high)}
     read_kafka: Callable[..., Any]  # (spark, source, ranges) -> records, like read_files
+    read_kafka_local: Callable[..., Any]  # the same fetched in the driver (small batches)
     commit_kafka: Callable[..., None]  # (source, table, ranges): consumer-group offsets
     kafka_sink: Callable[..., Any]  # (name, WITH options, table=, key=) -> a sink's topic
     publish_kafka: Callable[..., dict[str, int]]  # (sink, events, starts=, resume=) -> counts
