@@ -1,9 +1,10 @@
 """The ``kafka`` connector: a topic's messages as weighted rows plus dead letters.
 
-The driver only asks the broker for each partition's watermarks (``watermarks``); what a
-batch reads is a set of per-partition offset ranges, planned and logged in the batch's
-intent before any work (``runtime/offsets.py``). Executors fetch the ranges (``read``: one
-Spark partition per Kafka partition range, through confluent-kafka) and the values are
+To plan a batch, the driver only asks the broker for each partition's watermarks
+(``watermarks``); what a batch reads is a set of per-partition offset ranges, planned and
+logged in the batch's intent before any work (``runtime/offsets.py``). Executors fetch the
+ranges (``read``: one Spark partition per Kafka partition range, through confluent-kafka),
+or for a small batch the driver does (``read_local``: one consumer), and the values are
 parsed like lines of a file (``json`` or ``debezium-json``, plain or Kafka Connect
 ``{"schema", "payload"}``); a null value (a Debezium tombstone) is skipped. A message that
 does not parse becomes a dead letter whose ``source_file`` is ``topic/partition@offset``.
