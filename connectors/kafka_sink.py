@@ -1,4 +1,5 @@
-"""The ``kafka`` sink: a streaming table's change events published to a topic by executors.
+"""The ``kafka`` sink: a streaming table's change events published to a topic by executors
+(a small batch's by the driver, with no Spark job).
 
 Message key: the table's primary key as JSON (``{"id": 7}``; null without a key). Value: the
 Debezium envelope ``{"before", "after", "op", "ts_ms", "source": {"table", "batch_id",
@@ -9,7 +10,7 @@ same key and a null value. Every message carries the headers ``octo.batch`` and
 
 Partition: ``pmod(xxhash64(key JSON), partitions)`` (a keyless event: of its batch and seq),
 so one key's events stay in one partition. Each partition's events are published by one
-Spark task, in ``(batch_id, seq)`` order, with an idempotent producer (``acks=all``), so
+Spark task (or the driver), in ``(batch_id, seq)`` order, with an idempotent producer (``acks=all``), so
 retries neither reorder nor double them.
 
 Exactly once on any broker (``runtime/sinks.py`` drives it): a publish that may have been
@@ -69,13 +70,15 @@ class KafkaSink(KafkaTopic):
 
 
 def publish(sink: KafkaSink, events: DataFrame, *, starts: dict[int, int],
-            resume: bool) -> dict[str, int]:
+            resume: bool, local_rows: int | None = None) -> dict[str, int]:
     """Publish ``events`` (the changelog's columns plus ``_seq``) to the sink's topic, whose
     partitions and their offsets before the first attempt are ``starts``. Counts of messages
     per op (and ``tombstone``), and of those ``published`` now and ``present`` (published by
-    an interrupted attempt) in all."""
+    an interrupted attempt) in all. ``local_rows``: ``events`` is a local relation of that
+    many rows (a small batch), whose messages are made by the same Spark SQL in the driver
+    and published from there, with no Spark job."""
     spark = events.sparkSession
-    if spark.conf.get("spark.speculation", "false").lower() == "true":
+    if local_rows is None and spark.conf.get("spark.speculation", "false").lower() == "true":
         raise RunError(f"{sink.where()}: spark.speculation is on; two attempts of a publishing "
                        "task could both send their events. Turn it off for octo runs.")
     partitions = len(starts)
@@ -89,27 +92,36 @@ def publish(sink: KafkaSink, events: DataFrame, *, starts: dict[int, int],
     rows = events.selectExpr(f"{key_sql} AS _key", f"{value_sql} AS value", "op",
                              "source.batch_id AS batch_id", f"{SEQ} AS seq", "ts_ms")
     rows = rows.selectExpr("*", f"CAST(pmod(xxhash64({spread}), {partitions}) AS INT) AS part")
-    tasks = min(partitions, spark.sparkContext.defaultParallelism * 2)
-    ordered = rows.repartition(tasks, "part").sortWithinPartitions("part", "batch_id", "seq")
-    try:
-        got = ordered.mapInArrow(_publisher(sink, starts, resume),
-                                 "op STRING, published BIGINT, present BIGINT").collect()
-    except Exception as e:  # a task's RunError, wrapped by Spark: raised as itself
-        message = worker_error(e)
-        if message is None:
-            raise
-        raise RunError(message) from e
+    run = _publisher(sink, starts, resume)
+    if local_rows is not None:
+        from octo_platform.local_frames import collect_arrow
+
+        ordered = collect_arrow(rows, local_rows).sort_by(
+            [(c, "ascending") for c in ("part", "batch_id", "seq")])
+        got = [r for rb in run(iter(ordered.to_batches())) for r in rb.to_pylist()]
+    else:
+        tasks = min(partitions, spark.sparkContext.defaultParallelism * 2)
+        ordered_df = rows.repartition(tasks, "part").sortWithinPartitions("part", "batch_id",
+                                                                          "seq")
+        try:
+            got = [r.asDict() for r in ordered_df.mapInArrow(
+                run, "op STRING, published BIGINT, present BIGINT").collect()]
+        except Exception as e:  # a task's RunError, wrapped by Spark: raised as itself
+            message = worker_error(e)
+            if message is None:
+                raise
+            raise RunError(message) from e
     counts: dict[str, int] = {"published": 0, "present": 0}
     for r in got:
-        counts[r.op] = counts.get(r.op, 0) + r.published + r.present
-        counts["published"] += r.published
-        counts["present"] += r.present
+        counts[r["op"]] = counts.get(r["op"], 0) + r["published"] + r["present"]
+        counts["published"] += r["published"]
+        counts["present"] += r["present"]
     return counts
 
 
 def _publisher(sink: KafkaSink, starts: dict[int, int], resume: bool):
     """The ``mapInArrow`` function publishing its rows (sorted by partition, batch, seq)
-    and yielding counts per op. Runs on executors."""
+    and yielding counts per op. Runs on executors (or in the driver: ``local_rows``)."""
     config, topic, where = sink.producer_config(), sink.topic, sink.where()
     reader = sink.config(**{"group.id": f"octo-sink-{sink.name}", "enable.auto.commit": False,
                             "enable.partition.eof": True, "auto.offset.reset": "earliest",
@@ -123,7 +135,8 @@ def _publisher(sink: KafkaSink, starts: dict[int, int], resume: bool):
         from pyspark import TaskContext
 
         # Spark retries a failed task (on a cluster): its earlier attempt may have sent some.
-        again = resume or TaskContext.get().attemptNumber() > 0
+        task = TaskContext.get()  # None in the driver
+        again = resume or task is not None and task.attemptNumber() > 0
         failures: list[Any] = []  # KafkaErrors of messages not delivered
 
         def delivered(err: Any, _msg: Any) -> None:
@@ -164,10 +177,10 @@ def _publisher(sink: KafkaSink, starts: dict[int, int], resume: bool):
                     break
             left = producer.flush(flush_s)
         except KafkaException as e:
-            _PRODUCERS.clear()
+            _drop_producers()
             raise failure(where, "produce", e) from None
         if failures or left:
-            _PRODUCERS.clear()  # the next attempt starts afresh
+            _drop_producers()  # the next attempt starts afresh
         if failures:
             raise failure(where, f"delivery of {len(failures)} message(s)", failures[0],
                           waited=int(config["message.timeout.ms"]) / 1000)
@@ -181,7 +194,15 @@ def _publisher(sink: KafkaSink, starts: dict[int, int], resume: bool):
     return run
 
 
-_PRODUCERS: dict[str, Any] = {}  # per Python worker (Spark reuses them): config -> producer
+# Per process (a Python worker, which Spark reuses, or the driver): config -> producer. Only
+# module-level functions touch it: Spark pickles the publishing function by value, with the
+# globals it names, and a producer cannot be pickled.
+_PRODUCERS: dict[str, Any] = {}
+
+
+def _drop_producers() -> None:
+    _PRODUCERS.clear()
+
 
 
 def _producer(config: dict[str, Any]) -> Any:

@@ -54,8 +54,9 @@ def _parser() -> argparse.ArgumentParser:
                      help="buckets of the current-state table and top-N state (fixed once a "
                      "table has state)")
     run.add_argument("--driver-rows", type=int, default=DEFAULT_DRIVER_ROWS, metavar="N",
-                     help="batches of at most N input rows run in the driver, with no Spark "
-                     f"job but reading the input (default: {DEFAULT_DRIVER_ROWS}; 0: never)")
+                     help="batches of at most N input rows, and sink batches of at most N "
+                     "events, run in the driver, with no Spark job (but one to read CSV or "
+                     f"delta inputs) (default: {DEFAULT_DRIVER_ROWS}; 0: never)")
     run.add_argument("--interval", default="1 second",
                      help="trigger interval of a continuous run (default: 1 second)")
     run.add_argument("--parallel", type=int, default=3,

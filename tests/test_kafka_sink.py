@@ -10,6 +10,7 @@ from pathlib import Path
 import pytest
 
 from octo_platform.errors import OctoError
+from octo_platform.local_frames import local_frame
 from octo_platform.project import load_project
 from octo_platform.runtime.runner import run_tables
 from octo_platform.runtime.sinks import SinkRunner
@@ -59,13 +60,17 @@ def _check_sinks(address: str, warehouse: Path) -> None:
     check_sink(read_topic(address, "big_v"), warehouse, "big_v", (), tombstones=False)
 
 
-def test_sinks_publish_each_change_once_in_order(spark, tmp_path):
+@pytest.mark.parametrize("path", ["driver", "spark"])
+def test_sinks_publish_each_change_once_in_order(spark, tmp_path, path):
+    """Sink batches published in the driver (small ones) and by executors, each event
+    once and in order, a publish interrupted half-way included."""
     with tansu() as address:
         for topic, parts in (("cdc", 3), ("per_g", 3), ("big_v", 2)):
             create_topic(address, topic, parts)
         sql = _project(tmp_path, address)
         producer, accounts = Producer(address), RandomInput(7, True)
-        options = default_options(buckets=4, progress=None)
+        options = default_options(buckets=4, progress=None,
+                                  driver_rows=0 if path == "spark" else 10**6)
         warehouse = tmp_path / "warehouse"
         for round_no in range(3):
             _send(producer, accounts, random.Random(round_no).randint(15, 30))
@@ -87,12 +92,18 @@ def test_sinks_publish_each_change_once_in_order(spark, tmp_path):
         _project(tmp_path, address)
         project = load_project(tmp_path)
         runner = SinkRunner(spark, project, project.sink("per_g_out"),
-                            options.layout(project.root), options.env, progress=None)
+                            options.layout(project.root), options.env, progress=None,
+                            driver_rows=options.driver_rows)
         batch, spec, _, resumed = runner.plan()
         assert not resumed
-        part = runner.events(spec["from"], spec["to"]).filter("_seq % 2 = 0")
-        sent = options.env.publish_kafka(runner.target, part, starts=runner.starts(spec),
-                                         resume=False)["published"]
+        local = runner.local_events(spec["from"], spec["to"])
+        assert (local is None) == (path == "spark")
+        events = runner.events(spec["from"], spec["to"]) if local is None \
+            else local_frame(spark, local)
+        part = events.filter("_seq % 2 = 0")
+        sent = options.env.publish_kafka(
+            runner.target, part, starts=runner.starts(spec), resume=False,
+            local_rows=None if local is None else local.num_rows)["published"]
         assert sent > 0
         report = run_tables(spark, tmp_path, options=options, until_idle=True)
         resumed_batch = [s for s in report.published if s.sink == "per_g_out"][0]
@@ -247,13 +258,17 @@ def test_each_call_to_a_broker_that_went_away_names_the_sink(spark, tmp_path, mo
         assert short.log.pending() is None  # neither logged an intent
         _project(tmp_path, address)
         batch, spec, _, _ = runner().plan()  # logs the intent, with the default wait
-        events = short.events(spec["from"], spec["to"])
+        local = short.local_events(spec["from"], spec["to"])
         publish = options.env.publish_kafka
-        with paused(address):
-            fails("delivery of ", lambda: publish(short.target, events,
-                                                  starts=short.starts(spec), resume=False))
-            fails("read of partition ", lambda: publish(short.target, events,
-                                                        starts=short.starts(spec), resume=True))
+        # by executors, then in the driver (a small batch)
+        for events, rows in ((short.events(spec["from"], spec["to"]), None),
+                             (local_frame(spark, local), local.num_rows)):
+            with paused(address):
+                fails("delivery of ", lambda: publish(short.target, events, local_rows=rows,
+                                                      starts=short.starts(spec), resume=False))
+                fails("read of partition ", lambda: publish(
+                    short.target, events, local_rows=rows, starts=short.starts(spec),
+                    resume=True))
         report = run_tables(spark, tmp_path, options=options, until_idle=True)
         finished = [s for s in report.published if s.sink == "per_g_out"]
         assert finished[0].batch == batch and finished[0].resumed

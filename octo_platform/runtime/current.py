@@ -23,7 +23,8 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from octo_platform.columns import BUCKET, WEIGHT
-from octo_platform.runtime.operators.arrow import arrow_schema, concat, key_join, \
+from octo_platform.local_frames import arrow_schema
+from octo_platform.runtime.operators.arrow import concat, key_join, \
     normal_floats, primitive, safe_keys
 from octo_platform.runtime.operators.tasks import read_bucket
 from octo_platform.runtime.writes import WRITTEN_SCHEMA, Output, file_token, parquet_options, \

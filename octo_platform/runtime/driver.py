@@ -34,7 +34,8 @@ from octo_platform.columns import BUCKET, WEIGHT
 from octo_platform.physical.plan import PAggregate, PhysicalPlan, PJoin, PSource, PStateless, \
     POver, PSession, PTopN, PUnion
 from octo_platform.runtime.operators import BatchContext, apply_steps
-from octo_platform.runtime.operators.arrow import arrow_schema, concat, key_join, \
+from octo_platform.local_frames import arrow_schema
+from octo_platform.runtime.operators.arrow import concat, key_join, \
     normal_floats, primitive, run_starts, safe_keys, sort_indices
 from octo_platform.runtime.operators.kernels import (
     AggregateKernel,

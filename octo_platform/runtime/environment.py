@@ -69,5 +69,7 @@ class Environment:
     read_kafka_local: Callable[..., Any]  # the same fetched in the driver (small batches)
     commit_kafka: Callable[..., None]  # (source, table, ranges): consumer-group offsets
     kafka_sink: Callable[..., Any]  # (name, WITH options, table=, key=) -> a sink's topic
-    publish_kafka: Callable[..., dict[str, int]]  # (sink, events, starts=, resume=) -> counts
+    # (sink, events, starts=, resume=, local_rows=) -> counts; local_rows: events is a local
+    # relation of that many rows, published from the driver
+    publish_kafka: Callable[..., dict[str, int]]
     rebuild: Callable[[], Environment]

@@ -104,7 +104,8 @@ class Pipeline:
             dsrc.check(self.name, last_read=self.log.last_version(source_key("source", name)))
         self.watermarked = watermarked_inputs(project, table)
         self.sinks = [] if isinstance(layout, ScratchLayout) else [
-            SinkRunner(spark, project, s, layout, env, progress=progress)
+            SinkRunner(spark, project, s, layout, env, progress=progress,
+                       driver_rows=driver_rows)
             for s in project.sinks_of(self.name)]
         if check_plan:
             self.check_fingerprint()

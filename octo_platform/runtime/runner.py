@@ -501,7 +501,8 @@ def publish_sink(spark: SparkSession, project: str | Path | Project, name: str, 
     proj, layout = open_project(project, options)
     sink = proj.sink(name)
     with lock_tables(layout, [sink.table]):
-        runner = SinkRunner(spark, proj, sink, layout, options.env, progress=options.progress)
+        runner = SinkRunner(spark, proj, sink, layout, options.env, progress=options.progress,
+                            driver_rows=options.driver_rows)
         return runner.catch_up(), runner.lag()
 
 

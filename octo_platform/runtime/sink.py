@@ -11,7 +11,7 @@ from octo_platform.columns import BUCKET, WEIGHT
 from octo_platform.runtime.current import current_key, current_output, kernel_covers
 from octo_platform.runtime.metrics import metrics, observe
 from octo_platform.runtime.operators import BatchContext, bucket_sql, consolidate
-from octo_platform.runtime.operators.arrow import arrow_schema
+from octo_platform.local_frames import arrow_schema
 from octo_platform.runtime.writes import Output, Written, write_outputs
 from octo_platform.sqltext import quote, sql_expr
 

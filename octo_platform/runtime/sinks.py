@@ -4,7 +4,8 @@ A sink has its own batch log (``_octo/<sink>/log``), over the versions of its ta
 changelog. Sink batch N publishes the events the changelog gained between two versions:
 1. an *intent* names the versions ``(from, to]`` and, per partition of the topic, the offset
    where N's messages start (the partitions' ends before any of them was sent);
-2. executors publish the events (``connectors/kafka_sink.py``); a redone intent (a run
+2. executors publish the events (``connectors/kafka_sink.py``; up to ``driver_rows`` events
+   of local changelog files: the driver, with no Spark job); a redone intent (a run
    killed mid-way) first reads each partition from its logged offset and sends only the
    events that are not there yet;
 3. a *commit* records ``to`` and the counts; batch N+1 starts after it.
@@ -19,15 +20,19 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Callable
 
 from octo_platform.errors import RunError
+from octo_platform.local_frames import local_frame
 from octo_platform.frontend.definitions import SinkDef
 from octo_platform.project import Project
 from octo_platform.runtime.environment import Environment
 from octo_platform.runtime.layout import Layout
 from octo_platform.runtime.environment import Store
+from octo_platform.runtime.driver import DEFAULT_DRIVER_ROWS
 from octo_platform.runtime.offsets import BatchLog
+from octo_platform.runtime.operators.arrow import local_path
 from octo_platform.runtime.writes import file_batch
 
 if TYPE_CHECKING:
+    import pyarrow as pa
     from pyspark.sql import DataFrame, SparkSession
 
 __all__ = ["SinkStats", "SinkRunner", "MAX_VERSIONS", "unpublished"]
@@ -65,8 +70,10 @@ class SinkRunner:
     """Publishes one sink's table changelog, batch after batch, exactly once."""
 
     def __init__(self, spark: SparkSession, project: Project, sink: SinkDef, layout: Layout,
-                 env: Environment, *, progress: Callable[[str], None] | None = print) -> None:
+                 env: Environment, *, progress: Callable[[str], None] | None = print,
+                 driver_rows: int = DEFAULT_DRIVER_ROWS) -> None:
         self.spark = spark
+        self.driver_rows = driver_rows  # sink batches of at most this many events: the driver
         self.sink = sink
         self.layout = layout
         self.env = env
@@ -99,10 +106,13 @@ class SinkRunner:
             return None
         batch, spec, ts_ms, resumed = planned
         stats = SinkStats(self.sink.name, batch, (spec["from"], spec["to"]), resumed=resumed)
-        events = self.events(spec["from"], spec["to"])
+        local = self.local_events(spec["from"], spec["to"])
+        events = self.events(spec["from"], spec["to"]) if local is None \
+            else local_frame(self.spark, local)
         if events is not None:
-            stats.counts = self.env.publish_kafka(self.target, events,
-                                                  starts=self.starts(spec), resume=resumed)
+            stats.counts = self.env.publish_kafka(
+                self.target, events, starts=self.starts(spec), resume=resumed,
+                local_rows=None if local is None else local.num_rows)
         stats.seconds = time.monotonic() - started
         self.log.append(batch, "commit", {"version": spec["to"], "stats": stats.to_json()},
                         ts_ms)
@@ -145,22 +155,47 @@ class SinkRunner:
         number within its table batch (files of a batch in name order, rows in file order)."""
         from pyspark.sql import functions as F
 
+        added = self._added(first, last)
+        if not added:
+            return None
+        offsets = self.spark.createDataFrame([(f["path"].rsplit("/", 1)[-1], base)
+                                              for f, base in added],
+                                             "_file STRING, _base BIGINT")
+        rows = self.spark.read.parquet(*(f["uri"] for f, _ in added)).selectExpr(
+            "*", "_metadata.file_name AS _file", "_metadata.row_index AS _row")
+        return (rows.join(F.broadcast(offsets), "_file")
+                .selectExpr("op", "before", "after", "ts_ms", "source", "_base + _row AS _seq"))
+
+    def local_events(self, first: int | None, last: int) -> pa.Table | None:
+        """``events`` read with Arrow in the driver, when they are at most ``driver_rows``
+        rows of local files; else None."""
+        import pyarrow as pa
+        import pyarrow.parquet as pq
+
+        added = self._added(first, last)
+        paths = [local_path(f["uri"]) for f, _ in added]
+        if not added or sum(int(f["rows"]) for f, _ in added) > self.driver_rows \
+                or None in paths:
+            return None
+        schema = self.env.store.arrow_schema(self.changelog)  # either path's files as one
+        return pa.concat_tables([
+            pq.read_table(p).cast(schema).append_column(
+                "_seq", pa.array(range(base, base + int(f["rows"])), pa.int64()))
+            for (f, base), p in zip(added, paths)])
+
+    def _added(self, first: int | None, last: int) -> list[tuple[dict[str, Any], int]]:
+        """The changelog's files added between two versions, in name order, each with the
+        ``_seq`` of its first row."""
         store = self.env.store
         before = {f["path"] for f in store.data_files(self.changelog, first)}
         added = sorted((f for f in store.data_files(self.changelog, last)
                         if f["path"] not in before), key=lambda f: f["path"])
-        if not added:
-            return None
-        bases, seen = [], {}
+        out, seen = [], {}
         for f in added:
             group = file_batch(f["path"])
-            bases.append((f["path"].rsplit("/", 1)[-1], seen.get(group, 0)))
+            out.append((f, seen.get(group, 0)))
             seen[group] = seen.get(group, 0) + int(f["rows"])
-        offsets = self.spark.createDataFrame(bases, "_file STRING, _base BIGINT")
-        rows = self.spark.read.parquet(*(f["uri"] for f in added)).selectExpr(
-            "*", "_metadata.file_name AS _file", "_metadata.row_index AS _row")
-        return (rows.join(F.broadcast(offsets), "_file")
-                .selectExpr("op", "before", "after", "ts_ms", "source", "_base + _row AS _seq"))
+        return out
 
 
 def unpublished(store: Store, layout: Layout, sink: SinkDef) -> int:

@@ -15,13 +15,8 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from octo_platform.columns import COUNT, WEIGHT
-from octo_platform.runtime.operators.arrow import (
-    arrow_schema,
-    concat,
-    key_join,
-    primitive,
-    safe_keys,
-)
+from octo_platform.local_frames import arrow_schema
+from octo_platform.runtime.operators.arrow import concat, key_join, primitive, safe_keys
 from octo_platform.runtime.state_log import BATCH, StateFile, generation
 
 __all__ = ["AggregateStep", "Stepped", "aggregate_step", "newest", "live_rows", "unsuffix",

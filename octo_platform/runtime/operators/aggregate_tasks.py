@@ -34,7 +34,7 @@ from octo_platform.runtime.operators.aggregate_kernel import (
     aggregate_step,
     live_rows,
 )
-from octo_platform.runtime.operators.arrow import arrow_schema
+from octo_platform.local_frames import arrow_schema
 from octo_platform.runtime.operators.context import BatchContext, bucket_sql
 from octo_platform.runtime.operators.tasks import (
     Log,

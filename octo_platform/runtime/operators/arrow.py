@@ -14,15 +14,12 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from octo_platform.local_frames import local_frame
+from octo_platform.local_frames import collect_arrow, local_frame
 
 if TYPE_CHECKING:
     from pyspark.sql import DataFrame, SparkSession
-    from pyspark.sql.types import StructType
 
-COLLECT_ROWS = 2000  # measured: collecting 10K rows as Python objects took ~0.25 s
-
-__all__ = ["spark_eval", "collect_arrow", "arrow_schema", "safe_keys", "key_join", "concat",
+__all__ = ["spark_eval", "safe_keys", "key_join", "concat",
            "primitive", "local_path", "normal_floats", "value_bytes", "sort_indices",
            "run_starts"]
 
@@ -37,45 +34,12 @@ def spark_eval(spark: SparkSession, table: pa.Table,
     return collect_arrow(build(local_frame(spark, table)), table.num_rows, schema)
 
 
-def collect_arrow(df: DataFrame, rows_in: int = 1, schema: pa.Schema | None = None
-                  ) -> pa.Table:
-    """``df`` (projections and filters over a local relation of ``rows_in`` rows) as Arrow
-    (of ``schema``, Spark's types for ``df``, when known). Up to ``COLLECT_ROWS`` rows,
-    ``collect``: Spark evaluates it in the driver, no job; above, Python row objects cost
-    more than a one-task job's Arrow transfer (~0.1 s): ``toArrow``. ``rows_in=0``: known
-    to be empty, only its schema is wanted."""
-    if rows_in > COLLECT_ROWS:
-        return df.toArrow()
-    schema = arrow_schema(df.schema) if schema is None else schema
-    rows = df.collect() if rows_in else []
-    if not rows:
-        return schema.empty_table()
-    names = schema.names
-    columns = list(zip(*[tuple(r) for r in rows]))
-    return pa.table([pa.array([_plain(v) for v in col], f.type)
-                     for col, f in zip(columns, schema)], names=names)
-
-
 def local_path(uri: str) -> str | None:
     """The local file a data file URI of the store names (``Store.data_files`` gives a
     local table's files as ``file://`` and their decoded path), or None for a file in
     object storage."""
     path = uri.removeprefix("file://")
     return None if "://" in path else path
-
-
-def arrow_schema(schema: StructType) -> pa.Schema:
-    """A Spark schema as Arrow's (as Spark's own Arrow export types it)."""
-    from pyspark.sql.pandas.types import to_arrow_schema
-
-    return to_arrow_schema(schema, timezone="UTC")
-
-
-def _plain(value):
-    """A collected value as Arrow takes it (a struct ``Row`` becomes a dict)."""
-    if hasattr(value, "asDict"):
-        return value.asDict(recursive=True)
-    return value
 
 
 def primitive(t: pa.DataType) -> bool:

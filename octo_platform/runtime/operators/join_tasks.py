@@ -23,7 +23,8 @@ import pyarrow as pa
 
 from octo_platform.columns import BUCKET, COUNT, WEIGHT
 from octo_platform.physical.plan import PJoin
-from octo_platform.runtime.operators.arrow import arrow_schema, primitive
+from octo_platform.local_frames import arrow_schema
+from octo_platform.runtime.operators.arrow import primitive
 from octo_platform.runtime.operators.context import BatchContext, bucket_sql
 from octo_platform.runtime.operators.join import Join
 from octo_platform.runtime.operators.join_kernel import JoinStep, summed

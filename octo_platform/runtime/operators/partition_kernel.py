@@ -21,7 +21,8 @@ import pyarrow.compute as pc
 from octo_platform.columns import BUCKET, COUNT, WEIGHT
 from octo_platform.logical.plan import WINDOW_COLUMNS
 from octo_platform.physical.plan import POver, PPartitioned, PSession, PTopN
-from octo_platform.runtime.operators.arrow import arrow_schema, concat, key_join, \
+from octo_platform.local_frames import arrow_schema
+from octo_platform.runtime.operators.arrow import concat, key_join, \
     local_path, normal_floats, primitive, run_starts, safe_keys, sort_indices
 from octo_platform.runtime.operators.context import bucket_sql, positional, side_schema
 from octo_platform.runtime.operators.kernels import LocalContext, StagedRows, Unsupported
