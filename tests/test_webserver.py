@@ -309,15 +309,23 @@ def test_dagster_dev_serves_the_graph_and_materializes_through_graphql(tmp_path,
             "assetSelection": [{"path": ["daily"]}],
             "partitionNames": ["2026-11-01", "2026-11-02"]}})["launchPartitionBackfill"]
         assert launched["__typename"] == "LaunchBackfillSuccess", launched
-        deadline = time.monotonic() + 180
-        while True:  # the daemon submits the backfill's run(s); the run worker runs them
-            backfill = graphql(url, BACKFILL_STATUS, {"id": launched["backfillId"]})[
-                "partitionBackfillOrError"]
-            runs = backfill.get("runs") or []
-            if (runs and all(r["status"] in TERMINAL for r in runs)
-                    and backfill["status"] != "REQUESTED") or time.monotonic() > deadline:
-                break
-            time.sleep(1)
+        backfill_id = launched["backfillId"]
+
+        def backfill_runs(done: bool) -> tuple[dict, list[dict]]:
+            """The backfill and its runs, once they ended (``done``: and the daemon, which
+            looks every 30 s, marked the backfill itself as finished)."""
+            deadline = time.monotonic() + 180
+            while True:  # the daemon submits the backfill's run(s); the run worker runs them
+                backfill = graphql(url, BACKFILL_STATUS, {"id": backfill_id})[
+                    "partitionBackfillOrError"]
+                runs = backfill.get("runs") or []
+                if (runs and all(r["status"] in TERMINAL for r in runs)
+                        and (not done or backfill["status"] != "REQUESTED")) \
+                        or time.monotonic() > deadline:
+                    return backfill, runs
+                time.sleep(1)
+
+        backfill, runs = backfill_runs(done=False)
         assert len(runs) == 1, (backfill, tail(log))  # single-run policy: one run, a range
         tags = {t["key"]: t["value"] for t in runs[0]["tags"]}
         assert (tags["dagster/asset_partition_range_start"],
@@ -352,6 +360,9 @@ def test_dagster_dev_serves_the_graph_and_materializes_through_graphql(tmp_path,
         assert not any(m.startswith("[per_user] batch 0:") for m in messages), \
             "a committed batch is not redone"
         assert any(m.startswith(f"[per_user] batch {CLICK_FILES - 1}:") for m in messages)
+        # meanwhile the daemon marked the backfill finished, its one run still its only one
+        backfill, runs = backfill_runs(done=True)
+        assert backfill["status"] == "COMPLETED_SUCCESS" and len(runs) == 1, backfill
     finally:
         t1 = time.monotonic()
         stopped = stop_session(proc)
