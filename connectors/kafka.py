@@ -43,6 +43,7 @@ __all__ = ["KafkaTopic", "KafkaSource", "properties", "broker_timeout", "waterma
 # fetch or a sink's tail read that makes no progress, or for a sink's deliveries.
 WAIT_S = 20.0
 EXECUTOR_WAIT_S = 60.0
+_FETCH_MESSAGES = 10_000  # messages a fetch loop takes from the client per call
 # Error codes of a broker that does not answer (or cannot be reached).
 _UNANSWERED = ("_TIMED_OUT", "_TRANSPORT", "_ALL_BROKERS_DOWN", "_MSG_TIMED_OUT",
                "_WAIT_COORD", "_RESOLVE", "_TIMED_OUT_QUEUE")
@@ -330,24 +331,29 @@ def _ranges(consumer: Any, topic: str, todo: list[tuple[int, int, int]], where: 
         consumer.assign([TopicPartition(topic, p, a) for p, a, _ in todo])
         deadline = time.monotonic() + wait_s
         while any(nxt[p] < stops[p] for p in nxt):
-            msg = consumer.poll(min(1.0, wait_s))
-            err = msg.error() if msg is not None else None
-            if msg is None or err is not None and (err.code() == KafkaError._PARTITION_EOF
-                                                   or err.name() in _UNANSWERED):
-                if err is not None and err.name() in _UNANSWERED:
-                    unanswered = err  # the client retries: wait on, up to the deadline
-                if time.monotonic() > deadline:
-                    raise failure(where, call(), unanswered, waited=wait_s)
-                continue
-            if err is not None:
-                raise failure(where, call(), err)
-            p, offset = msg.partition(), msg.offset()
-            if p not in nxt or offset < nxt[p] or nxt[p] >= stops[p]:
-                continue  # before the range (a compacted topic's fetch), or past its end
-            nxt[p] = offset + 1  # offsets may skip (transaction markers, compaction)
-            deadline = time.monotonic() + wait_s
-            if offset < stops[p]:
-                yield p, offset, msg.value()
+            # many messages a call (59K batched messages: 0.18 s polled one at a time, 0.10 s)
+            got = consumer.consume(_FETCH_MESSAGES, min(1.0, wait_s))
+            moved = False
+            for msg in got:
+                err = msg.error()
+                if err is not None and (err.code() == KafkaError._PARTITION_EOF
+                                        or err.name() in _UNANSWERED):
+                    if err.name() in _UNANSWERED:
+                        unanswered = err  # the client retries: wait on, up to the deadline
+                    continue
+                if err is not None:
+                    raise failure(where, call(), err)
+                p, offset = msg.partition(), msg.offset()
+                if p not in nxt or offset < nxt[p] or nxt[p] >= stops[p]:
+                    continue  # before the range (a compacted topic's fetch), or past its end
+                nxt[p] = offset + 1  # offsets may skip (transaction markers, compaction)
+                moved = True
+                if offset < stops[p]:
+                    yield p, offset, msg.value()
+            if moved:
+                deadline = time.monotonic() + wait_s
+            elif time.monotonic() > deadline:
+                raise failure(where, call(), unanswered, waited=wait_s)
         consumer.unassign()
     except KafkaException as e:
         raise failure(where, call(), e, waited=wait_s) from None
