@@ -19,7 +19,7 @@ from typing import Any, Mapping
 import dagster as dg
 
 from octo_platform.project import load_project
-from octo_platform.runtime.session import QUICK_START_CONF
+from octo_platform.runtime.class_archive import quick_start_conf
 from orchestration.assets import project_assets
 from orchestration.automation import project_automation
 from orchestration.checks import project_checks
@@ -57,7 +57,7 @@ def resources_from_env(project_dir: str | Path, environ: Mapping[str, str]) -> d
     master = environ.get("OCTO_SPARK_MASTER", "local[2]")
     # Catch-up runs last seconds to minutes: on a local master the JVM's quick start-up
     # settings save more CPU than its optimizing compiler would.
-    conf = dict(QUICK_START_CONF) if master.startswith("local") else {}
+    conf = quick_start_conf() if master.startswith("local") else {}
     warehouse = environ.get("OCTO_WAREHOUSE") or str(Path(project_dir).resolve() / "warehouse")
     return {"spark": SparkResource(master=master, conf=conf),
             "warehouse": WarehouseResource(path=warehouse)}

@@ -116,9 +116,9 @@ def octo_run(project: Path) -> list[str]:
     """``octo run --all --until-idle`` of ``project`` as a short-lived process: its JVM with
     the JIT's first tier only (``QUICK_START_CONF``, as the Dagster catch-up runs have), which
     saves the killed-and-restarted runs of a test a fifth of their time."""
-    from octo_platform.runtime.session import QUICK_START_CONF
+    from octo_platform.runtime.class_archive import quick_start_conf
 
-    (java,) = QUICK_START_CONF.items()
+    (java,) = quick_start_conf().items()
     return [sys.executable, "-m", "octo_platform.cli", "run", "--all", "--until-idle",
             "--project", str(project), "--conf", "=".join(java)]
 
