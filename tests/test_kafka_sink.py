@@ -237,7 +237,8 @@ def test_each_call_to_a_broker_that_went_away_names_the_sink(spark, tmp_path, mo
         def runner() -> SinkRunner:
             project = load_project(tmp_path)
             return SinkRunner(spark, project, project.sink("per_g_out"),
-                              options.layout(project.root), options.env, progress=None)
+                              options.layout(project.root), options.env, progress=None,
+                              driver_rows=options.driver_rows)
 
         _project(tmp_path, address, timeout="2 seconds")
         short = runner()

@@ -26,7 +26,6 @@ from octo_platform.project import Project
 from octo_platform.runtime.environment import Environment
 from octo_platform.runtime.layout import Layout
 from octo_platform.runtime.environment import Store
-from octo_platform.runtime.driver import DEFAULT_DRIVER_ROWS
 from octo_platform.runtime.offsets import BatchLog
 from octo_platform.runtime.operators.arrow import local_path
 from octo_platform.runtime.writes import file_batch
@@ -70,10 +69,11 @@ class SinkRunner:
     """Publishes one sink's table changelog, batch after batch, exactly once."""
 
     def __init__(self, spark: SparkSession, project: Project, sink: SinkDef, layout: Layout,
-                 env: Environment, *, progress: Callable[[str], None] | None = print,
-                 driver_rows: int = DEFAULT_DRIVER_ROWS) -> None:
+                 env: Environment, *, driver_rows: int,
+                 progress: Callable[[str], None] | None = print) -> None:
         self.spark = spark
         self.driver_rows = driver_rows  # sink batches of at most this many events: the driver
+        # (``RunOptions.driver_rows``)
         self.sink = sink
         self.layout = layout
         self.env = env
