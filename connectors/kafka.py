@@ -35,8 +35,8 @@ if TYPE_CHECKING:
     from pyspark.sql import DataFrame, SparkSession
 
 __all__ = ["KafkaTopic", "KafkaSource", "properties", "broker_timeout", "watermarks", "read",
-           "read_local", "commit_offsets", "group_id", "to_end", "failure", "worker_error", "WAIT_S",
-           "EXECUTOR_WAIT_S"]
+           "read_local", "commit_offsets", "group_id", "to_end", "failure", "worker_error",
+           "WAIT_S", "EXECUTOR_WAIT_S"]
 
 # broker_timeout's defaults: how long the driver waits for a broker or a topic (metadata,
 # watermarks, offset commits) before failing the run, and how long an executor waits for a

@@ -10,8 +10,8 @@ same key and a null value. Every message carries the headers ``octo.batch`` and
 
 Partition: ``pmod(xxhash64(key JSON), partitions)`` (a keyless event: of its batch and seq),
 so one key's events stay in one partition. Each partition's events are published by one
-Spark task (or the driver), in ``(batch_id, seq)`` order, with an idempotent producer (``acks=all``), so
-retries neither reorder nor double them.
+Spark task (or the driver), in ``(batch_id, seq)`` order, with an idempotent producer
+(``acks=all``), so retries neither reorder nor double them.
 
 Exactly once on any broker (``runtime/sinks.py`` drives it): a publish that may have been
 interrupted is redone with ``resume=True`` (and a task Spark retries behaves the same); each
