@@ -204,7 +204,6 @@ def _drop_producers() -> None:
     _PRODUCERS.clear()
 
 
-
 def _producer(config: dict[str, Any]) -> Any:
     """A producer for ``config``, kept for the worker's next tasks: an idempotent producer
     spends ~0.5 s getting its producer id, which a small batch should not pay each time."""
