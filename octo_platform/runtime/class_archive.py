@@ -81,6 +81,8 @@ def _make(path: Path, base: str) -> None:
     tmp = path.with_name(f".{path.name}.{os.getpid()}")
     try:
         os.close(fd)
+        print(f"octo: archiving Spark's classes for faster JVM starts (once, about 30 s): "
+              f"{path}", file=sys.stderr, flush=True)
         done = subprocess.run(
             [sys.executable, "-m", "octo_platform.runtime.class_archive", str(tmp), base],
             stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, stdin=subprocess.DEVNULL,
