@@ -22,10 +22,9 @@ import pyarrow.compute as pc
 
 from octo_platform.columns import WEIGHT
 from octo_platform.errors import RunError
-from octo_platform.local_frames import local_frame
+from octo_platform.local_frames import arrow_schema, collect_arrow, local_frame
 from octo_platform.runtime.inputs import LATE, advanced, mark_late, upstream_watermark
 from octo_platform.runtime.offsets import source_key
-from octo_platform.local_frames import arrow_schema, collect_arrow
 from octo_platform.runtime.operators.arrow import local_path
 from octo_platform.runtime.operators.kernels import LocalContext, Unsupported
 

@@ -23,10 +23,9 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from octo_platform.columns import BUCKET, COUNT, WEIGHT
-from octo_platform.local_frames import arrow_type, local_frame
+from octo_platform.local_frames import arrow_schema, arrow_type, local_frame
 from octo_platform.physical.plan import PAggregate, PJoin, POver, PSession, PTopN
 from octo_platform.runtime.operators.aggregate import Aggregate
-from octo_platform.local_frames import arrow_schema
 from octo_platform.runtime.operators.arrow import concat, local_path, spark_eval
 from octo_platform.runtime.operators.aggregate_kernel import aggregate_step, live_rows, \
     newest, with_batch_column
