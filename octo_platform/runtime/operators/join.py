@@ -101,8 +101,8 @@ class Join:
         if node.kind != "inner":
             rows = self.affected_rows(old, delta)
             counts = self.key_counts(rows)
-            sides = {"left": "l", "semi": "l", "anti": "l", "right": "r"}.get(node.kind, "lr")
-            parts += [self.unmatched(s, rows, counts, schemas) for s in sides]
+            parts += [self.unmatched(s, rows, counts, schemas)
+                      for s in self.step().unmatched_sides()]
         return reduce(lambda a, b: a.union(b), parts)
 
     def stored_names(self, s: str) -> list[str]:
@@ -213,6 +213,26 @@ class Join:
                 sql_expr(f"coalesce(sum(_{o}o), 0) AS _mo"),
                 sql_expr(f"coalesce(sum(_{o}n), 0) AS _mn"))
             m_old, m_new = "_mo", "_mn"
+        return self.weighed(s, mine, m_old, m_new, schemas)
+
+    def counted(self, s: str, found: DataFrame, schemas: dict[str, Any]) -> DataFrame:
+        """Changes to side ``s``'s rows that appear without a match (or, semi, only with
+        one), from its candidates (``JoinStep.candidates``, made in Spark tasks): the
+        residual condition keeps the pairs that match, and each row's matches before and
+        after the batch are summed."""
+        o = "r" if s == "l" else "l"
+        kept = found.filter(f"_self OR ({self.node.residual})")
+        mine = [f"first({c}) AS {c}"
+                for c in (*(quote(n) for n in self.names[s]), f"_{s}o", f"_{s}n")]
+        rows = kept.groupBy("_id").agg(*[sql_expr(e) for e in (
+            *mine, f"sum(_{o}o) AS _mo", f"sum(_{o}n) AS _mn")])
+        return self.weighed(s, rows, "_mo", "_mn", schemas)
+
+    def weighed(self, s: str, mine: DataFrame, m_old: str, m_new: str,
+                schemas: dict[str, Any]) -> DataFrame:
+        """Side ``s``'s rows with their old and new multiplicity (``_<s>o``, ``_<s>n``) and
+        matches (``m_old``, ``m_new``) -> their changes in the output."""
+        o = "r" if s == "l" else "l"
         test = "> 0" if self.node.kind == "semi" else "= 0"
         weight = (f"CASE WHEN {m_new} {test} THEN _{s}n ELSE 0 END - "
                   f"CASE WHEN {m_old} {test} THEN _{s}o ELSE 0 END")

@@ -7,8 +7,10 @@ one ``_bucket`` of each side's log).
 The state and the formulas are ``join.Join``'s: the matched part is
 Δ(L⋈R) = ΔL⋈R_old + L_new⋈ΔR; outer, semi and anti joins also compare, for the keys the
 batch touched, each row's matches before and after the batch. A residual condition is SQL:
-the caller passes ``on`` (Spark over a local relation in the driver); without it, the step
-returns the matched pairs unfiltered (inner joins only: the Spark path filters them).
+the caller passes ``on`` (Spark over a local relation in the driver); without it (in Spark
+tasks), the step returns the matched pairs unfiltered, and an outer, semi or anti join's
+rows of the touched keys as candidates (``candidates``): Spark SQL filters both and counts
+each row's matches (``join.Join.counted``).
 """
 from __future__ import annotations
 
@@ -41,23 +43,34 @@ class JoinStep:
     residual: bool
 
     def run(self, deltas: dict[str, pa.Table], old: dict[str, pa.Table],
-            on: Filter | None = None) -> tuple[pa.Table, dict[str, pa.Table]]:
+            on: Filter | None = None, first_id: int = 0
+            ) -> tuple[pa.Table, dict[str, pa.Table], dict[str, pa.Table]]:
         """The output Δ (both sides' columns, or the left's for semi and anti, and
-        ``_w``) and each side's batch rows with their weights summed (net zero dropped):
-        its state log's new rows."""
+        ``_w``); each side's batch rows with their weights summed (net zero dropped): its
+        state log's new rows; and, for an outer, semi or anti join with a residual
+        condition but no ``on``, per side its ``candidates`` (their ``_id`` from
+        ``first_id``) instead of its unmatched rows."""
         delta = {s: self.consolidated(s, deltas[s]) for s in "lr"}
         fields = {s: [delta[s].schema.field(n) for n in self.names[s]] for s in "lr"}
         schema = self.out_schema(delta, both=True)
         out = self.out_schema(delta)
-        parts = []
+        parts, found = [], {}
         if self.kind in ("inner", "left", "right", "full"):
             parts.append(self.matched(old, delta, schema, on))
         if self.kind != "inner":
             rows = self.affected(old, delta)
             counts = self.key_counts(rows)
-            sides = {"left": "l", "semi": "l", "anti": "l", "right": "r"}.get(self.kind, "lr")
-            parts += [self.unmatched(s, rows, counts, fields, out, on) for s in sides]
-        return concat(parts, out), delta
+            for s in self.unmatched_sides():
+                if self.residual and on is None:
+                    found[s] = self.candidates(s, rows, counts, first_id + (len(found) << 31))
+                else:
+                    parts.append(self.unmatched(s, rows, counts, fields, out, on))
+        return concat(parts, out), delta, found
+
+    def unmatched_sides(self) -> str:
+        """The sides whose rows may appear unmatched (or, semi, only matched)."""
+        return {"left": "l", "semi": "l", "anti": "l", "right": "r", "full": "lr"}.get(
+            self.kind, "")
 
     def out_schema(self, sides: dict[str, pa.Table], both: bool = False) -> pa.Schema:
         """The output's columns (each side's rows as ``sides`` type them; the left's only
@@ -155,26 +168,22 @@ class JoinStep:
         """Changes to side ``s``'s rows that appear without a match (null-padded, anti) or
         only with one (semi), for the keys the batch touched."""
         o = "r" if s == "l" else "l"
-        kc = list(self.kcols[s])
-        ck = [f"_ck{i}" for i in range(len(kc))]
-        mine, mcols = safe_keys(rows[s], kc, "_m")
-        keys, kcols = safe_keys(counts, ck, "_q")
         if not self.residual:  # matches depend on the key only
+            ck = [f"_ck{i}" for i in range(len(self.kcols[s]))]
+            mine, mcols = safe_keys(rows[s], list(self.kcols[s]), "_m")
+            keys, kcols = safe_keys(counts, ck, "_q")
             mine = key_join(mine, keys, mcols, kcols, "inner")
             m_old, m_new = mine[f"_{o}co"], mine[f"_{o}cn"]
         else:  # count matching rows of the other side, per row
             if on is None:
                 raise ValueError("an outer join's residual condition needs ``on``")
-            mine = key_join(mine, keys.select(kcols), mcols, kcols, "left semi").select(
-                rows[s].column_names)
-            mine = mine.append_column("_id", pa.array(range(mine.num_rows), pa.int64()))
-            pairs = key_join(mine, rows[o], kc, list(self.kcols[o]), "inner")
-            pairs = pairs.select([*self.names["l"], *self.names["r"], "_id", f"_{o}o",
-                                  f"_{o}n"])
-            pairs = on(f"on{s}", pairs)
+            found = self.candidates(s, rows, counts, 0)
+            alone = found["_self"]
+            pairs = on(f"on{s}", found.filter(pc.invert(alone)).select(
+                [*self.names["l"], *self.names["r"], "_id", f"_{o}o", f"_{o}n"]))
             per = pairs.group_by(["_id"], use_threads=False).aggregate(
                 [(f"_{o}o", "sum"), (f"_{o}n", "sum")]).rename_columns(["_id", "_mo", "_mn"])
-            mine = key_join(mine, per, ["_id"], ["_id"], "left outer")
+            mine = key_join(found.filter(alone), per, ["_id"], ["_id"], "left outer")
             m_old, m_new = pc.fill_null(mine["_mo"], 0), pc.fill_null(mine["_mn"], 0)
 
         def test(m):
@@ -189,6 +198,39 @@ class JoinStep:
         values[WEIGHT] = weight
         got = pa.table({f.name: values[f.name] for f in out}, schema=out)
         return got.filter(pc.not_equal(got[WEIGHT], 0))
+
+
+    def candidates(self, s: str, rows: dict[str, pa.Table], counts: pa.Table,
+                   first_id: int) -> pa.Table:
+        """Side ``s``'s rows of the keys the batch touched (``affected``), numbered
+        (``_id`` from ``first_id``), each alone (``_self``: the other side's columns NULL)
+        and with each row of the other side of its key (what the residual condition then
+        keeps): both sides' columns, ``_lo``, ``_ln``, ``_ro``, ``_rn``, ``_id``, ``_self``
+        (``candidate_names``)."""
+        o = "r" if s == "l" else "l"
+        kc, ck = list(self.kcols[s]), [f"_ck{i}" for i in range(len(self.kcols[s]))]
+        mine, mcols = safe_keys(rows[s], kc, "_m")
+        keys, kcols = safe_keys(counts, ck, "_q")
+        mine = key_join(mine, keys.select(kcols), mcols, kcols, "left semi").select(
+            rows[s].column_names)
+        mine = mine.append_column("_id", pa.array(range(first_id, first_id + mine.num_rows),
+                                                  pa.int64()))
+        pairs = key_join(mine, rows[o], kc, list(self.kcols[o]), "inner")
+        names = self.candidate_names()
+        types = {**{f.name: f.type for f in rows[o].schema}, "_self": pa.bool_()}
+        n, zero = mine.num_rows, pa.scalar(0, pa.int64())
+        alone = {c: (mine[c] if c in mine.column_names else pa.nulls(n, types[c]))
+                 for c in names}
+        alone.update({f"_{o}o": pa.repeat(zero, n), f"_{o}n": pa.repeat(zero, n),
+                      "_self": pa.repeat(pa.scalar(True), n)})
+        pairs = pairs.append_column("_self", pa.repeat(pa.scalar(False), pairs.num_rows))
+        first = pa.table([alone[c] for c in names], names=names)
+        return concat([first, pairs], first.schema)
+
+    def candidate_names(self) -> list[str]:
+        """The columns of ``candidates``."""
+        return [*self.names["l"], *self.names["r"], "_lo", "_ln", "_ro", "_rn", "_id",
+                "_self"]
 
 
 def summed(rows: pa.Table, schema: pa.Schema) -> pa.Table:

@@ -8,10 +8,12 @@ due for compaction is rewritten by its own task (its rows before the batch, mult
 summed, become ``base`` files). The cost of a batch follows the keys it touches, not the
 size of either side.
 
-Covered: joins of every kind without ``state_ttl``, over columns Arrow groups; an inner
-join's residual condition is applied to the tasks' output in Spark SQL. An outer, semi or
-anti join with a residual condition (its kernel counts matches per row through that SQL)
-and ``state_ttl`` run as ``join.Join``'s Spark operator.
+Covered: joins of every kind without ``state_ttl``, over columns Arrow groups. A residual
+condition is Spark SQL, applied to the tasks' output: to the matched pairs, and, for an
+outer, semi or anti join, to each touched row's candidate matches (``JoinStep.candidates``,
+tagged ``_part`` 5 for the left side's, 6 for the right's), whose kept matches are then
+counted per row (``Join.counted``: one more exchange). Joins with ``state_ttl`` run as
+``join.Join``'s Spark operator.
 """
 from __future__ import annotations
 
@@ -29,6 +31,7 @@ from octo_platform.runtime.operators.context import BatchContext, bucket_sql
 from octo_platform.runtime.operators.join import Join
 from octo_platform.runtime.operators.join_kernel import JoinStep, summed
 from octo_platform.runtime.operators.tasks import (
+    PART,
     Log,
     bucket_logs,
     log_parts,
@@ -44,13 +47,15 @@ if TYPE_CHECKING:
 
 __all__ = ["run_join"]
 
+_CANDIDATES = {"l": 5, "r": 6}  # the ``_part`` of each side's candidates
+
 
 def run_join(node: PJoin, ctx: BatchContext, ldelta: DataFrame, rdelta: DataFrame
              ) -> DataFrame:
     """The output Δ of join ``node``: by its kernel in Spark tasks where it covers the node,
     else by the Spark operator."""
     op = Join(node, ctx)
-    if node.ttl_us or (node.residual and node.kind != "inner"):
+    if node.ttl_us:
         return op.run(ldelta, rdelta)
     frames = {"l": ldelta.toDF(*op.names["l"], "_lw"), "r": rdelta.toDF(*op.names["r"], "_rw")}
     types = op.key_types(frames["l"], frames["r"])
@@ -59,9 +64,12 @@ def run_join(node: PJoin, ctx: BatchContext, ldelta: DataFrame, rdelta: DataFram
     if not all(primitive(f.type) for s in "lr" for f in arrow_schema(stored[s])):
         return op.run(ldelta, rdelta)
     tables = [node.side_table(op.SIDES[s]) for s in "lr"]
-    schema = tagged_schema(_output(op, keyed), [stored["l"], stored["r"]])
+    step = op.step()
+    deferred = step.unmatched_sides() if node.residual else ""
+    more = {"c": _candidates(op, keyed)} if deferred else {}
+    schema = tagged_schema(_output(op, keyed), [stored["l"], stored["r"]], more)
     logs, due = bucket_logs(ctx, tables)
-    task = _JoinTask(op.step(), tables=logs, stored=[arrow_schema(stored[s]) for s in "lr"],
+    task = _JoinTask(step, tables=logs, stored=[arrow_schema(stored[s]) for s in "lr"],
                      due=due, out=arrow_schema(schema), reader=ctx.reader)
     # Stored names: PySpark resolves the co-grouped columns by name, and a user's may
     # hold a dot.
@@ -72,7 +80,12 @@ def run_join(node: PJoin, ctx: BatchContext, ldelta: DataFrame, rdelta: DataFram
     out = ctx.persist(grouped[0].cogroup(grouped[1]).applyInArrow(
         functools.partial(_run, task), schema))
     rows = stage_logs(ctx, out, tables, due)
-    return rows.filter(node.residual) if node.residual else rows
+    if node.residual and node.kind not in ("semi", "anti"):
+        rows = rows.filter(node.residual)
+    schemas = {s: keyed[s].schema for s in "lr"}
+    parts = [op.counted(s, out.filter(f"{PART} = {_CANDIDATES[s]}").selectExpr("c.*"),
+                        schemas) for s in deferred]
+    return functools.reduce(lambda a, b: a.union(b), parts, rows)
 
 
 def _output(op: Join, keyed: dict[str, Any]) -> Any:
@@ -82,6 +95,15 @@ def _output(op: Join, keyed: dict[str, Any]) -> Any:
     sides = "l" if op.node.kind in ("semi", "anti") else "lr"
     fields = [keyed[s].schema[n] for s in sides for n in op.names[s]]
     return StructType([*fields, StructField(WEIGHT, LongType())])
+
+
+def _candidates(op: Join, keyed: dict[str, Any]) -> Any:
+    """The Spark schema of ``JoinStep.candidates``."""
+    from pyspark.sql.types import BooleanType, LongType, StructField, StructType
+
+    fields = [keyed[s].schema[n] for s in "lr" for n in op.names[s]]
+    counts = [StructField(c, LongType()) for c in ("_lo", "_ln", "_ro", "_rn", "_id")]
+    return StructType([*fields, *counts, StructField("_self", BooleanType())])
 
 
 def _run(task, key, left, right):  # no annotations: Spark would read them as the UDF's kind
@@ -110,8 +132,8 @@ class _JoinTask:
             files[s] = log.get(bucket, [])
             old[s] = read_bucket(self.reader, path, files[s], schema).rename_columns(
                 step.row(s))
-        out, delta = step.run(deltas, old)
-        parts = [(0, "o", out)]
+        out, delta, found = step.run(deltas, old, first_id=bucket << 32)
+        parts = [(0, "o", out), *((_CANDIDATES[s], "c", t) for s, t in found.items())]
         for j, (s, schema) in enumerate(zip("lr", self.stored)):
             def base(s=s, schema=schema) -> pa.Table:
                 return summed(old[s].rename_columns(schema.names), schema)

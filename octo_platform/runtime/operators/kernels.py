@@ -370,7 +370,7 @@ class JoinKernel:
             return lc.sql(f"{node.id}:{what}", rows, lambda df: df.filter(node.residual))
 
         ttl, names = node.ttl_us, {s: self.step.row(s) for s in "lr"}  # a forgotten row
-        out, delta = self.step.run(keyed, {s: lc.unexpired(found[s].rows, ttl).select(
+        out, delta, _ = self.step.run(keyed, {s: lc.unexpired(found[s].rows, ttl).select(
             names[s]) for s in "lr"}, on)  # no longer matches
         for s in "lr":
             self.stage(s, state[s], delta[s])

@@ -69,8 +69,10 @@ def read_bucket(reader: Callable[[str, str], Any], path: str, files: list[StateF
                    for f in files], schema)
 
 
-def tagged_schema(output: StructType, states: list[StructType]) -> StructType:
-    """The tasks' Spark schema: ``_part``, ``_bucket``, the output and each state table."""
+def tagged_schema(output: StructType, states: list[StructType],
+                  more: dict[str, StructType] | None = None) -> StructType:
+    """The tasks' Spark schema: ``_part``, ``_bucket``, the output, each state table and
+    the operator's ``more`` struct columns."""
     from pyspark.sql.types import IntegerType, StructField, StructType
 
     def nullable(struct: StructType) -> StructType:  # e.g. an outer join's padding
@@ -79,6 +81,7 @@ def tagged_schema(output: StructType, states: list[StructType]) -> StructType:
     fields = [StructField(PART, IntegerType()), StructField(BUCKET, IntegerType()),
               StructField("o", nullable(output))]
     fields += [StructField(f"s{j}", nullable(s)) for j, s in enumerate(states)]
+    fields += [StructField(c, nullable(s)) for c, s in (more or {}).items()]
     return StructType(fields)
 
 
