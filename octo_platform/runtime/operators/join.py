@@ -30,9 +30,9 @@ class Join:
     Each side's state is a log of its rows with multiplicity (``_n``) and join key,
     partitioned by the key's bucket; a batch appends its Δ. The kernel (``join_kernel``,
     run in Spark tasks by ``join_tasks`` and in the driver by ``kernels``) reads only the
-    buckets a batch touches; so does this operator, which serves outer, semi and anti joins
-    with a residual condition and ``state_ttl``: it reads the files of the buckets the
-    batch's join keys fall in (and keeps the rows whose key the batch touched). Per side,
+    buckets a batch touches; so does this operator, which serves joins over columns Arrow
+    does not group (nested types): it reads the files of the buckets the batch's join keys
+    fall in (and keeps the rows whose key the batch touched). Per side,
     one aggregate lines up every row of those keys with its old and new multiplicity
     (``_lo``/``_ln``, ``_ro``/``_rn``); the matched part is Δ(L⋈R) = ΔL⋈R_old + L_new⋈ΔR.
     Outer, semi and anti joins also compare, for the keys the batch touched, each row's

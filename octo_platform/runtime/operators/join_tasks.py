@@ -8,12 +8,13 @@ due for compaction is rewritten by its own task (its rows before the batch, mult
 summed, become ``base`` files). The cost of a batch follows the keys it touches, not the
 size of either side.
 
-Covered: joins of every kind without ``state_ttl``, over columns Arrow groups. A residual
-condition is Spark SQL, applied to the tasks' output: to the matched pairs, and, for an
-outer, semi or anti join, to each touched row's candidate matches (``JoinStep.candidates``,
-tagged ``_part`` 5 for the left side's, 6 for the right's), whose kept matches are then
-counted per row (``Join.counted``: one more exchange). Joins with ``state_ttl`` run as
-``join.Join``'s Spark operator.
+Covered: joins of every kind, over columns Arrow groups. A residual condition is Spark SQL,
+applied to the tasks' output: to the matched pairs, and, for an outer, semi or anti join, to
+each touched row's candidate matches (``JoinStep.candidates``, tagged ``_part`` 5 for the
+left side's, 6 for the right's), whose kept matches are then counted per row
+(``Join.counted``: one more exchange). With ``state_ttl`` each stored row carries the batch
+that wrote it (``_batch``): a task reads no expired row, and a compaction keeps none. Joins
+over columns Arrow does not group (nested types) run as ``join.Join``'s Spark operator.
 """
 from __future__ import annotations
 
@@ -22,6 +23,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Callable
 
 import pyarrow as pa
+import pyarrow.compute as pc
 
 from octo_platform.columns import BUCKET, COUNT, WEIGHT
 from octo_platform.physical.plan import PJoin
@@ -30,6 +32,7 @@ from octo_platform.runtime.operators.arrow import primitive
 from octo_platform.runtime.operators.context import BatchContext, bucket_sql
 from octo_platform.runtime.operators.join import Join
 from octo_platform.runtime.operators.join_kernel import JoinStep, summed
+from octo_platform.runtime.state_log import BATCH, with_batch
 from octo_platform.runtime.operators.tasks import (
     PART,
     Log,
@@ -55,12 +58,12 @@ def run_join(node: PJoin, ctx: BatchContext, ldelta: DataFrame, rdelta: DataFram
     """The output Δ of join ``node``: by its kernel in Spark tasks where it covers the node,
     else by the Spark operator."""
     op = Join(node, ctx)
-    if node.ttl_us:
-        return op.run(ldelta, rdelta)
     frames = {"l": ldelta.toDF(*op.names["l"], "_lw"), "r": rdelta.toDF(*op.names["r"], "_rw")}
     types = op.key_types(frames["l"], frames["r"])
     keyed = {s: op.with_keys(frames[s], s, types) for s in "lr"}
     stored = {s: op.stored_schema(s, keyed[s].schema) for s in "lr"}
+    if node.ttl_us:  # each stored row's batch
+        stored = {s: with_batch(t) for s, t in stored.items()}
     if not all(primitive(f.type) for s in "lr" for f in arrow_schema(stored[s])):
         return op.run(ldelta, rdelta)
     tables = [node.side_table(op.SIDES[s]) for s in "lr"]
@@ -70,7 +73,8 @@ def run_join(node: PJoin, ctx: BatchContext, ldelta: DataFrame, rdelta: DataFram
     schema = tagged_schema(_output(op, keyed), [stored["l"], stored["r"]], more)
     logs, due = bucket_logs(ctx, tables)
     task = _JoinTask(step, tables=logs, stored=[arrow_schema(stored[s]) for s in "lr"],
-                     due=due, out=arrow_schema(schema), reader=ctx.reader)
+                     due=due, out=arrow_schema(schema), reader=ctx.reader,
+                     ttl=(ctx.batch, ctx.expired_through) if node.ttl_us else None)
     # Stored names: PySpark resolves the co-grouped columns by name, and a user's may
     # hold a dot.
     sides = [keyed[s].toDF(*op.stored_names(s)).selectExpr(
@@ -121,22 +125,31 @@ class _JoinTask:
     due: list[set[int]]  # per side, the buckets whose log is due for compaction
     out: pa.Schema
     reader: Callable[[str, str], Any]
+    # ``state_ttl``: (this batch, the last batch whose rows expired, or None); each stored
+    # row then carries its batch (``_batch``), and expired rows are neither read nor kept
+    ttl: tuple[int, int | None] | None = None
 
     def run(self, key: tuple, left: pa.Table, right: pa.Table) -> pa.Table:
         bucket = key[0].as_py()
         step = self.step
         deltas = {s: t.drop_columns([BUCKET]).rename_columns(step.row(s))
                   for s, t in (("l", left), ("r", right))}
-        old, files = {}, {}
+        stored, old, files = {}, {}, {}
         for s, (path, log), schema in zip("lr", self.tables, self.stored):
             files[s] = log.get(bucket, [])
-            old[s] = read_bucket(self.reader, path, files[s], schema).rename_columns(
+            stored[s] = read_bucket(self.reader, path, files[s], schema)
+            if self.ttl is not None and self.ttl[1] is not None:
+                stored[s] = stored[s].filter(pc.greater(stored[s][BATCH], self.ttl[1]))
+            old[s] = stored[s].select(schema.names[:len(step.row(s))]).rename_columns(
                 step.row(s))
         out, delta, found = step.run(deltas, old, first_id=bucket << 32)
         parts = [(0, "o", out), *((_CANDIDATES[s], "c", t) for s, t in found.items())]
         for j, (s, schema) in enumerate(zip("lr", self.stored)):
-            def base(s=s, schema=schema) -> pa.Table:
-                return summed(old[s].rename_columns(schema.names), schema)
-            parts += log_parts(j, delta[s].rename_columns(schema.names).cast(schema),
-                               files[s], bucket in self.due[j], base)
+            changes = delta[s]
+            if self.ttl is not None:
+                changes = changes.append_column(BATCH, pa.repeat(
+                    pa.scalar(self.ttl[0], pa.int64()), changes.num_rows))
+            parts += log_parts(j, changes.rename_columns(schema.names).cast(schema), files[s],
+                               bucket in self.due[j],
+                               functools.partial(summed, stored[s], schema))
         return tagged(self.out, parts, bucket)
