@@ -1,6 +1,7 @@
-"""The driver path's top-N ranking (``partition_kernel.TopNKernel.rank``) numbers rows as
-Spark's ``row_number()`` does: ORDER BY's directions and NULL placement, NaN above every
-number, -0.0 equal to 0.0, NULL and NaN partition keys, rows of multiplicity above one."""
+"""Top-N's ranking in Arrow (``partition_steps.TopNStep.ranked``, the driver path's and the
+Spark tasks') numbers rows as Spark's ``row_number()`` does: ORDER BY's directions and NULL
+placement, NaN above every number, -0.0 equal to 0.0, NULL and NaN partition keys, rows of
+multiplicity above one."""
 from __future__ import annotations
 
 import random
@@ -11,7 +12,7 @@ import pyarrow as pa
 from octo_platform.columns import WEIGHT
 from octo_platform.logical.plan import SortKey
 from octo_platform.physical.plan import PSource, PTopN
-from octo_platform.runtime.operators.partition_kernel import TopNKernel
+from octo_platform.runtime.operators.partition_steps import TopNStep
 from tests.oracle import norm
 
 COLUMNS = ("p", "x", "y", "s")
@@ -54,7 +55,7 @@ def test_top_n_ranks_as_spark_row_number(spark):
         .selectExpr(*COLUMNS, *ranks).collect()
     for i, node in enumerate(nodes):
         want = Counter(norm((*r[:4], r[4 + i])) for r in ranked if r[4 + i] <= node.n)
-        got = TopNKernel(node, None).rank(rows)
+        got = TopNStep.of(node).ranked(rows)
         assert Counter(norm(tuple(r.values())) for r in got.to_pylist()) == want, node
 
 

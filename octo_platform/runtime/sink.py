@@ -89,13 +89,19 @@ def write_batch(pipe: TableRun, ctx: BatchContext, events: Events,
     """Write the batch's changelog and operator state in one Spark job and commit each
     table once (idempotently; ``resumed`` as in ``write_outputs``)."""
     lay = pipe.layout
-    outputs = [Output(f"state/{w.table}", lay.state(pipe.name, w.table), w.data,
-                      bucketed=w.buckets is not None or w.bucketed,
-                      replace=set(w.replace) if w.replace else
-                      None if w.buckets is None else set(w.buckets),
-                      remove=w.remove, prefix=w.prefix)
-               for w in ctx.writes
-               if w.buckets != [] or pinned.get(f"state/{w.table}") is None]
+    outputs = []
+    for w in ctx.writes:
+        key, path = f"state/{w.table}", lay.state(pipe.name, w.table)
+        if w.buckets == [] and pinned.get(key) is not None:
+            continue
+        outputs.append(Output(key, path, w.data, bucketed=w.buckets is not None or w.bucketed,
+                              replace=set(w.replace) if w.replace else
+                              None if w.buckets is None else set(w.buckets),
+                              remove=w.remove, prefix=w.prefix,
+                              replace_reported=None if w.reported is None else key))
+        if w.reported is not None:  # the buckets it replaces, in the same commit
+            outputs.append(Output(key, path, w.reported, bucketed=True,
+                                  written=arrow_schema(w.data.schema)))
     outputs.append(Output("changelog", lay.changelog(pipe.name), events.rows, report=_CB))
     if events.current is not None and not resumed:  # else ``update_current`` finds them
         outputs.append(events.current)

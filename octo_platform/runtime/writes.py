@@ -121,7 +121,7 @@ def write_outputs(outputs: list[Output], *, batch: int, store: Store,
         first = todo[mine[0]]
         added = [{"path": f.path, "size": f.size, "rows": f.rows,
                   "partition": {BUCKET: f.bucket} if first.bucketed else {}}
-                 for f in files if f.o in mine]
+                 for f in files if f.o in mine and f.path is not None]  # None: reports only
         replaced = [todo[i].replace if todo[i].replace_reported is None
                     else written.reported[todo[i].replace_reported] for i in mine
                     if todo[i].replace is not None or todo[i].replace_reported is not None]

@@ -8,12 +8,13 @@ windows and sliding-range aggregates rewrite the hash buckets their partitions f
 
 One module per operator (``aggregate``, ``join``, ``top_n``, ``session``, ``over``);
 ``context`` holds what they share; filters, projections and unions are applied here, in
-``evaluate``. GROUP BY and joins have a kernel in pure Arrow (``aggregate_kernel``,
-``join_kernel``), run in Spark tasks, one per bucket of their state, on this path
-(``aggregate_tasks``, ``join_tasks``, sharing ``tasks``) and over a state cache in the driver
-for small batches (``kernels``, for ``runtime/driver.py``), with these operators' state, SQL
-and formulas; top-N, SESSION and OVER have driver kernels over their bucketed state
-(``partition_kernel``); ``arrow`` holds the driver's helpers.
+``evaluate``. GROUP BY, joins, top-N and SESSION have a step in pure Arrow
+(``aggregate_kernel``, ``join_kernel``, ``partition_steps``), run in Spark tasks, one per
+bucket of their state, on this path (``aggregate_tasks``, ``join_tasks``,
+``partition_tasks``, sharing ``tasks``) and over a state cache in the driver for small
+batches (``kernels``, ``partition_kernel``, for ``runtime/driver.py``), with these
+operators' state, SQL and formulas; OVER has a driver kernel too (``partition_kernel``);
+``arrow`` holds the driver's helpers.
 """
 from __future__ import annotations
 
@@ -45,8 +46,7 @@ from octo_platform.runtime.operators.context import (
 )
 from octo_platform.runtime.operators.join_tasks import run_join
 from octo_platform.runtime.operators.over import OverRange
-from octo_platform.runtime.operators.session import Sessions
-from octo_platform.runtime.operators.top_n import TopN
+from octo_platform.runtime.operators.partition_tasks import run_partitioned
 
 if TYPE_CHECKING:
     from pyspark.sql import DataFrame
@@ -68,10 +68,8 @@ def evaluate(node: PNode, ctx: BatchContext) -> DataFrame:
         return run_aggregate(node, ctx, evaluate(node.input, ctx))
     if isinstance(node, PJoin):
         return run_join(node, ctx, evaluate(node.left, ctx), evaluate(node.right, ctx))
-    if isinstance(node, PTopN):
-        return TopN(node, ctx).run(evaluate(node.input, ctx))
-    if isinstance(node, PSession):
-        return Sessions(node, ctx).run(evaluate(node.input, ctx))
+    if isinstance(node, (PTopN, PSession)):
+        return run_partitioned(node, ctx, evaluate(node.input, ctx))
     if isinstance(node, POver):
         return OverRange(node, ctx).run(evaluate(node.input, ctx))
     raise TypeError(f"no runtime for {type(node).__name__}")

@@ -33,7 +33,9 @@ class StagedWrite:
     """Rows for a state table: with ``buckets``, the new contents of those ``_bucket``
     partitions; without, rows appended to a state log (``prefix`` ``delta``, or ``base``
     for a full compaction), with ``remove`` naming the files a compaction replaces
-    (``bucketed``: a log partitioned by ``_bucket``, a column of ``data``)."""
+    (``bucketed``: a log partitioned by ``_bucket``, a column of ``data``); with
+    ``reported``, the new contents of the buckets its rows name (``writes.WRITTEN_SCHEMA``
+    rows without a path: tasks that found the buckets say which)."""
 
     table: str
     data: DataFrame
@@ -42,6 +44,7 @@ class StagedWrite:
     prefix: str = "delta"
     bucketed: bool = False
     replace: tuple[int, ...] | None = None  # buckets whose files the commit removes
+    reported: DataFrame | None = None
 
 
 @dataclass

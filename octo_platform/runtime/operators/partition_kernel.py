@@ -4,11 +4,10 @@ over the run's state cache.
 
 The state is ``PartitionRows``' table, written the same way: the input's rows with their
 multiplicity, bucketed by the hash of the partition key, a touched bucket's files replaced
-by its new rows. The cache finds a bucket's rows by ``_bucket``. Top-N and SESSION are Arrow
-kernels: rows are ordered as Spark's window functions order them (``arrow.sort_indices``:
-ORDER BY's directions and NULL placement, NaN above every number) and numbered as
-``row_number()`` numbers them. OVER's aggregates are Spark's own window functions over a
-local relation of the touched partitions' rows (one small Spark job).
+by its new rows. The cache finds a bucket's rows by ``_bucket``. Top-N and SESSION run
+their Arrow steps (``partition_steps``, which Spark tasks run too). OVER's aggregates are
+Spark's own window functions over a local relation of the touched partitions' rows (one
+small Spark job).
 """
 from __future__ import annotations
 
@@ -19,15 +18,15 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from octo_platform.columns import BUCKET, COUNT, WEIGHT
-from octo_platform.logical.plan import WINDOW_COLUMNS
 from octo_platform.physical.plan import POver, PPartitioned, PSession, PTopN
 from octo_platform.local_frames import arrow_schema
-from octo_platform.runtime.operators.arrow import concat, key_join, \
-    local_path, normal_floats, primitive, run_starts, safe_keys, sort_indices
+from octo_platform.runtime.operators.arrow import concat, key_join, local_path, primitive, \
+    safe_keys
 from octo_platform.runtime.operators.context import bucket_sql, positional, side_schema
 from octo_platform.runtime.operators.kernels import LocalContext, StagedRows, Unsupported
-from octo_platform.runtime.operators.keyed_rows import KeyedRows
 from octo_platform.runtime.operators.over import OverRange
+from octo_platform.runtime.operators.partition_steps import SessionStep, TopNStep, \
+    consolidated, touched
 from octo_platform.runtime.state_log import StateFile
 from octo_platform.sqltext import quote
 
@@ -35,15 +34,6 @@ if TYPE_CHECKING:
     from pyspark.sql import DataFrame
 
 __all__ = ["TopNKernel", "SessionKernel", "OverKernel"]
-
-
-def consolidated(rows: pa.Table, columns: list[str]) -> pa.Table:
-    """One row per distinct value of ``columns`` (floats as Spark groups them) with its
-    summed weight, zeros dropped (``context.consolidate``)."""
-    rows = normal_floats(rows.select([*columns, WEIGHT]))
-    got = rows.group_by(columns, use_threads=False).aggregate([(WEIGHT, "sum")])
-    got = got.rename_columns([*columns, WEIGHT])
-    return got.filter(pc.not_equal(got[WEIGHT], 0)).cast(rows.schema)
 
 
 def micros(time: pa.DataType) -> None:
@@ -91,13 +81,6 @@ class PartitionState:
                                     replace=tuple(sorted(self.touched.to_pylist()))))
         lc.fresh[node.id] = self.cache.replace(self.found, keep)
 
-    def touched_partitions(self, d: pa.Table, *tables: pa.Table) -> tuple[pa.Table, ...]:
-        """The rows of each of ``tables`` whose partition key occurs in ``d`` (all of them
-        for an empty key): only those partitions can change."""
-        if not self.partition:
-            return tables
-        return tuple(KeyedRows(t, self.partition).find(d).rows for t in tables)
-
     def stored(self) -> pa.Schema:
         """The state table's Arrow schema (``context.side_schema``'s columns)."""
         fields = [pa.field(p, f.type) for p, f in zip(positional(self.names), self.schema)]
@@ -140,122 +123,43 @@ class PartitionState:
 
 
 class TopNKernel:
-    """``top_n.TopN`` in Arrow: the touched partitions' top rows before and after the batch
-    (one row per unit of multiplicity, numbered as ``row_number()`` over the partition in
-    the ORDER BY, ties broken by every column ascending, NULLs first), the new ones
-    inserted and the old ones retracted."""
+    """``top_n.TopN`` in Arrow (``partition_steps.TopNStep``) over the run's cache."""
 
     def __init__(self, node: PTopN, lc: LocalContext) -> None:
         self.node, self.lc = node, lc
-        self.names = list(node.input.columns)
+        self.step = TopNStep.of(node)
 
     def run(self, delta: pa.Table) -> pa.Table:
-        node = self.node
-        delta = delta.rename_columns([*self.names, WEIGHT])
-        state = PartitionState(node, self.lc, delta)
+        delta = delta.rename_columns([*self.step.names, WEIGHT])
+        state = PartitionState(self.node, self.lc, delta)
         loaded = state.load(delta)
-        out = self.out_schema(delta)
         if loaded is None:
-            return out.empty_table()
-        d, old, new = loaded
-        keep = new
-        if node.closes:  # the rest can never re-enter
-            top = self.rank(new)
-            keep = consolidated(top.append_column(WEIGHT, pa.array(
-                np.ones(top.num_rows, np.int64))), [*self.names, BUCKET])
+            return self.step.out_schema(delta.schema).empty_table()
+        out, keep = self.step.run(*loaded)
         state.store(keep)
-        old, new = state.touched_partitions(d, old, new)
-        return concat([self.emit(self.rank(new), 1), self.emit(self.rank(old), -1)],
-                      out)
-
-    def rank(self, rows: pa.Table) -> pa.Table:
-        """Each partition's first ``n`` units of ``rows`` (weighted) with ``_rn``."""
-        node = self.node
-        w = rows[WEIGHT].to_numpy()
-        live = np.flatnonzero(w > 0)
-        units = rows.take(np.repeat(live, w[live])).drop_columns([WEIGHT])
-        keys = [(p, False, True) for p in node.partition]
-        keys += [(k.column, k.desc, k.nulls_first) for k in node.order]
-        keys += [(c, False, True) for c in self.names]
-        units = units.take(sort_indices(units, keys))
-        starts = run_starts(units, list(node.partition))
-        at = np.arange(units.num_rows)
-        rn = at - np.maximum.accumulate(np.where(starts, at, 0)) + 1
-        keep = rn <= node.n
-        return units.filter(pa.array(keep)).append_column("_rn", pa.array(rn[keep], pa.int32()))
-
-    def out_schema(self, delta: pa.Table) -> pa.Schema:
-        """The output's columns: the input's, the rank (when it is a column), the weight."""
-        fields = [delta.schema.field(c) for c in self.names]
-        if self.node.rank:
-            fields.append(pa.field(self.node.rank, pa.int32()))
-        return pa.schema([*fields, pa.field(WEIGHT, pa.int64())])
-
-    def emit(self, ranked: pa.Table, weight: int) -> pa.Table:
-        """Ranked rows as output rows of weight ``weight``."""
-        cols = [*self.names, *(["_rn"] if self.node.rank else [])]
-        rows = ranked.select(cols).append_column(
-            WEIGHT, pa.array(np.full(ranked.num_rows, weight, np.int64)))
-        return rows.rename_columns([*self.node.columns, WEIGHT])
+        return out
 
 
 class SessionKernel:
-    """``session.Sessions`` in Arrow: the touched partitions' rows get their sessions
-    before and after the batch (in time order, a row less than the gap after the row before
-    it joins that row's session; a session is ``[first time, last time + gap)``), and the
-    difference is the output: a row whose session grew or merged moves to the new one."""
+    """``session.Sessions`` in Arrow (``partition_steps.SessionStep``) over the run's
+    cache."""
 
     def __init__(self, node: PSession, lc: LocalContext) -> None:
         self.node, self.lc = node, lc
-        self.names = list(node.input.columns)
+        self.step = SessionStep.of(node)
 
     def run(self, delta: pa.Table) -> pa.Table:
         node, lc = self.node, self.lc
-        delta = delta.rename_columns([*self.names, WEIGHT])
+        delta = delta.rename_columns([*self.step.names, WEIGHT])
         micros(delta.schema.field(node.time).type)
         delta = delta.filter(pc.is_valid(delta[node.time]))
         state = PartitionState(node, lc, delta)
-        out = self.out_schema(delta)
         loaded = state.load(delta)
         if loaded is None:
-            return out.empty_table()
-        d, old, new = loaded
-        assigned = self.assign(new)
-        keep = new
-        if node.closes and lc.ctx.watermark is not None:  # closed sessions are final
-            end = pc.cast(assigned[WINDOW_COLUMNS[1]], pa.int64())
-            keep = assigned.filter(pc.greater(end, lc.ctx.watermark)).drop_columns(
-                list(WINDOW_COLUMNS))
+            return self.step.out_schema(delta.schema).empty_table()
+        out, keep = self.step.run(*loaded, lc.ctx.watermark)
         state.store(keep)
-        before, after = state.touched_partitions(d, self.assign(old), assigned)
-        gone = before.set_column(before.schema.get_field_index(WEIGHT), WEIGHT,
-                                 pc.negate(before[WEIGHT]))
-        return consolidated(concat([after, gone], out), list(out.names[:-1]))
-
-    def out_schema(self, delta: pa.Table) -> pa.Schema:
-        """The input's columns, the session's start and end, the weight."""
-        time = delta.schema.field(self.node.time).type
-        return pa.schema([*(delta.schema.field(c) for c in self.names),
-                          *(pa.field(c, time) for c in WINDOW_COLUMNS),
-                          pa.field(WEIGHT, pa.int64())])
-
-    def assign(self, rows: pa.Table) -> pa.Table:
-        """``rows`` (weighted, time not NULL) with their session's start and end."""
-        node = self.node
-        part = list(node.partition)
-        rows = rows.take(sort_indices(rows, [(c, False, True) for c in [*part, node.time]]))
-        t = pc.cast(rows[node.time], pa.int64()).to_numpy()
-        starts = run_starts(rows, part)
-        starts[1:] |= np.diff(t) >= node.gap_us
-        first = np.flatnonzero(starts)
-        session = np.cumsum(starts) - 1
-        last = np.append(first[1:], len(t)) - 1
-        time = rows.schema.field(node.time).type
-        start = pa.array(t[first][session]).cast(time) if len(t) else pa.array([], time)
-        end = pa.array(t[last][session] + node.gap_us).cast(time) if len(t) else \
-            pa.array([], time)
-        return rows.append_column(WINDOW_COLUMNS[0], start).append_column(
-            WINDOW_COLUMNS[1], end)
+        return out
 
 
 class OverKernel:
@@ -291,7 +195,7 @@ class OverKernel:
             keep = new.filter(pc.fill_null(pc.or_kleene(pc.is_null(t), pc.greater_equal(
                 t, lc.ctx.watermark - node.range_us)), False))
         state.store(keep)
-        old, new = state.touched_partitions(d, old, new)
+        old, new = touched(node.partition, d, old, new)
         both = concat([t.select([*names, WEIGHT]).append_column(self.SIDE, pa.array(
             np.full(t.num_rows, side, np.int8))) for side, t in ((0, old), (1, new))],
             sided.schema)

@@ -1,0 +1,127 @@
+"""Top-N and SESSION windows on the Spark path: their steps (``partition_steps``) in Spark
+tasks, one per bucket of the state the batch touches.
+
+The batch's rows are shuffled once, by the bucket of their partition key; each bucket's task
+reads that bucket's state files (and nothing else), runs the step over the bucket's rows
+before and after the batch, and returns, as one tagged frame (``tasks``): the output Δ, the
+bucket's new rows, and a row that names the bucket. The batch's write job writes the new
+rows, and the commit replaces the files of the buckets the tasks named (``StagedWrite.
+reported``): a bucket whose partitions all left the state loses its files, and no job runs
+beforehand to find which buckets the batch touches.
+
+Covered: inputs of types Arrow groups and sorts, SESSION over a TIMESTAMP; others run as
+``top_n.TopN``'s and ``session.Sessions``' Spark operators.
+"""
+from __future__ import annotations
+
+import functools
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any, Callable
+
+import numpy as np
+import pyarrow as pa
+
+from octo_platform.columns import BUCKET, COUNT, WEIGHT
+from octo_platform.local_frames import arrow_schema
+from octo_platform.logical.plan import WINDOW_COLUMNS
+from octo_platform.physical.plan import PSession, PTopN
+from octo_platform.runtime.operators.arrow import concat, primitive
+from octo_platform.runtime.operators.context import BatchContext, StagedWrite, bucket_sql, \
+    positional, side_schema
+from octo_platform.runtime.operators.partition_steps import SessionStep, TopNStep, consolidated
+from octo_platform.runtime.operators.session import Sessions
+from octo_platform.runtime.operators.tasks import PART, Log, bucket_logs, read_bucket, tagged, \
+    tagged_schema
+from octo_platform.runtime.operators.top_n import TopN
+from octo_platform.sqltext import quote
+
+if TYPE_CHECKING:
+    from pyspark.sql import DataFrame
+
+__all__ = ["run_partitioned"]
+
+_NAMED = 3  # the ``_part`` of the row that names a task's bucket
+
+
+def run_partitioned(node: PTopN | PSession, ctx: BatchContext, delta: DataFrame
+                    ) -> DataFrame:
+    """The output Δ of top-N or SESSION ``node``: by its step in Spark tasks where it
+    covers the node, else by the Spark operator."""
+    names = list(node.input.columns)
+    rows = delta.toDF(*names, WEIGHT)
+    session = isinstance(node, PSession)
+    if session:
+        rows = rows.filter(f"{quote(node.time)} IS NOT NULL")
+    weighted = arrow_schema(rows.schema)
+    if not all(primitive(f.type) for f in weighted) or session and not (
+            pa.types.is_timestamp(t := weighted.field(node.time).type) and t.unit == "us"):
+        return (Sessions(node, ctx) if session else TopN(node, ctx)).run(delta)
+    step = SessionStep.of(node) if session else TopNStep.of(node)
+    stored = side_schema(rows.schema, names)
+    schema = tagged_schema(_output(node, rows.schema), [stored])
+    (log,), _ = bucket_logs(ctx, [node.id])
+    task = _PartitionTask(step, log, arrow_schema(stored), weighted, arrow_schema(schema),
+                          ctx.reader, ctx.watermark)
+    rows = rows.selectExpr("*", f"{bucket_sql(node.partition, ctx.buckets)} AS {BUCKET}")
+    out = ctx.persist(rows.groupBy(BUCKET).applyInArrow(functools.partial(_run, task),
+                                                        schema))
+    ctx.writes.append(StagedWrite(
+        node.id, out.filter(f"{PART} = 2").selectExpr("s0.*", BUCKET), None, bucketed=True,
+        reported=out.filter(f"{PART} = {_NAMED}").selectExpr(
+            "CAST(NULL AS STRING) AS path", "CAST(0 AS BIGINT) AS size",
+            "CAST(0 AS BIGINT) AS rows", f"{BUCKET} AS bucket", f"array({BUCKET}) AS tags")))
+    return out.filter(f"{PART} = 0").selectExpr("o.*")
+
+
+def _output(node: PTopN | PSession, rows: Any) -> Any:
+    """The Spark schema of the step's output Δ (``rows``: the input's, weighted)."""
+    from pyspark.sql.types import IntegerType, LongType, StructField, StructType
+
+    fields = list(rows.fields[:-1])
+    if isinstance(node, PSession):
+        time = rows[node.time].dataType
+        fields += [StructField(c, time) for c in WINDOW_COLUMNS]
+    else:
+        fields = [StructField(c, f.dataType) for c, f in zip(node.columns, fields)]
+        if node.rank:
+            fields.append(StructField(node.rank, IntegerType()))
+    return StructType([*fields, StructField(WEIGHT, LongType())])
+
+
+def _run(task, key, rows):  # no annotations: Spark would read them as the UDF's kind
+    return task.run(key, rows)
+
+
+@dataclass(frozen=True)
+class _PartitionTask:
+    """The ``applyInArrow`` function (runs in Spark tasks): one bucket's rows of the batch
+    -> that bucket's tagged output (see the module docstring)."""
+
+    step: TopNStep | SessionStep
+    table: Log
+    stored: pa.Schema  # the state's columns (``c0``, ..., ``_n``)
+    rows: pa.Schema  # the input's columns, weighted
+    out: pa.Schema
+    reader: Callable[[str, str], Any]
+    watermark: int | None  # the table's, after the batch
+
+    def run(self, key: tuple, rows: pa.Table) -> pa.Table:
+        bucket = key[0].as_py()
+        names = list(self.step.names)
+        d = consolidated(rows.drop_columns([BUCKET]).cast(self.rows), names)
+        if not d.num_rows:  # the batch's rows of the bucket cancel out
+            return self.out.empty_table()
+        path, files = self.table
+        here = pa.array(np.full(d.num_rows, bucket, np.int32))
+        old = read_bucket(self.reader, path, files.get(bucket, []), self.stored)
+        old = old.rename_columns([*names, WEIGHT]).cast(self.rows).append_column(
+            BUCKET, pa.array(np.full(old.num_rows, bucket, np.int32)))
+        new = consolidated(concat([old, d.append_column(BUCKET, here)], old.schema),
+                           [*names, BUCKET])
+        if isinstance(self.step, SessionStep):
+            out, keep = self.step.run(d, old, new, self.watermark)
+        else:
+            out, keep = self.step.run(d, old, new)
+        keep = keep.select([*names, WEIGHT]).rename_columns([*positional(names), COUNT])
+        return tagged(self.out, [(0, "o", out), (2, "s0", keep),
+                                 (_NAMED, "", pa.table({"_": [bucket]}))], bucket)
