@@ -163,6 +163,7 @@ def measure_batch_vs_state(spark: Any, workdir: Path, batch_events: int = 100_00
     one file of ``batch_events`` bids over keys drawn from those N is processed and timed (the
     run's reported seconds of that batch). The Spark jobs of that one-batch run are counted,
     and, for the first N, those of a following run with nothing to do (the run's fixed part).
+    Then a run of two more such batches times its second (the state cache loaded).
     """
     rng = np.random.default_rng(7)
     out: dict[str, Any] = {}
@@ -192,6 +193,13 @@ def measure_batch_vs_state(spark: Any, workdir: Path, batch_events: int = 100_00
                 spark, lambda: run_octo(spark, project, warehouse))  # noqa: B023
             out["jobs_idle_run"] = idle
             out["idle_run_batches"] = len(batch_seconds(report))
+        # A run of two such batches: the second finds its state in the run's cache.
+        for i in (2, 3):
+            _write_bids(input_dir / f"part-0000{i}.parquet",
+                        rng.integers(0, n, batch_events, dtype=np.int64), rng)
+        secs = batch_seconds(run_octo(spark, project, warehouse))
+        out[f"next_batch_s_with_{n}_keys"] = round(secs[-1], 3)
+        log(f"[state] the next batch of a run over {n} keys: {secs[-1]:.2f}s")
     return out
 
 
@@ -284,6 +292,10 @@ def targets(res: dict[str, Any]) -> list[Target]:
         "batch_vs_state",
         f"one {human(p['state_batch'])}-event batch, {human(k_big)} vs {human(k_small)} keys of "
         "state (octo vs octo)", "ratio_max", "s", t_big, t_small, 1.5, details=st))
+    w_small, w_big = (st.get(f"next_batch_s_with_{k}_keys") for k in (k_small, k_big))
+    rows.append(Target(
+        "batch_vs_state_next", "the same, a run's second batch (its state cache loaded)",
+        "info", "s", w_big, w_small, note="the row above times a run's first batch"))
     run_jobs, idle = st.get(f"jobs_one_batch_run_{k_small}_keys"), st.get("jobs_idle_run")
     native = a.get("spark_jobs")
     own = st.get(f"runtime_jobs_{k_small}_keys")

@@ -14,8 +14,12 @@ Windows that close: a compaction keeps only the groups of open windows; with EMI
 WINDOW CLOSE the output is the final rows of the groups whose window the batch's watermark
 closes, touched or not (a row of weight 0 visits every bucket when the watermark moves).
 
-Covered: GROUP BY with a key, without ``state_ttl``, of types Arrow groups
-(``aggregate_step``); others run as ``aggregate.Aggregate``'s Spark operators.
+Without a key, the one group lives in bucket 0 (visited in the first batch, so that its
+row comes out even over no input rows). With ``state_ttl`` a task reads no expired group's
+row (the group starts afresh) and a compaction keeps none.
+
+Covered: GROUP BY of types Arrow groups (``aggregate_step``), but value multisets with
+``state_ttl``; those run as ``aggregate.Aggregate``'s Spark operators.
 """
 from __future__ import annotations
 
@@ -46,7 +50,7 @@ from octo_platform.runtime.operators.tasks import (
     tagged_schema,
     visits,
 )
-from octo_platform.runtime.state_log import with_batch
+from octo_platform.runtime.state_log import BATCH, with_batch
 from octo_platform.sqltext import quote
 
 if TYPE_CHECKING:
@@ -59,11 +63,9 @@ def run_aggregate(node: PAggregate, ctx: BatchContext, delta: DataFrame) -> Data
     """The output Δ of GROUP BY ``node``: by its kernel in Spark tasks where it covers the
     node, else by the Spark operator."""
     op = Aggregate(node, ctx)
-    if not node.keys or node.ttl_us:
-        return op.run(delta)
     shape = op.shape(delta)
     step = aggregate_step(node, shape, ctx.batch)
-    if step is None:
+    if step is None or (node.ttl_us and shape.ms_schemas):
         return op.run(delta)
     tables = [node.id, *[node.multiset_table(i) for i in step.ms]]
     schema = tagged_schema(_accumulators(shape, len(node.keys)), [
@@ -72,12 +74,15 @@ def run_aggregate(node: PAggregate, ctx: BatchContext, delta: DataFrame) -> Data
     logs, due = bucket_logs(ctx, tables)
     task = _BucketTask(step, tables=logs, due=due, out=arrow_schema(schema),
                        reader=ctx.reader, marks=(ctx.watermark_before, ctx.watermark),
-                       emit=node.emit_on_close)
+                       emit=node.emit_on_close, cut=op.expired())
     rows = delta.selectExpr(*[quote(c) for c in args], quote(WEIGHT),
                             f"{bucket_sql(node.keys, ctx.buckets)} AS {BUCKET}")
     # Windows close in every bucket, touched or not; due compactions run in their bucket.
     closing = node.emit_on_close and ctx.watermark_moved
-    rows = visits(rows, WEIGHT, set(range(ctx.buckets)) if closing else set().union(*due))
+    visited = set(range(ctx.buckets)) if closing else set().union(*due)
+    if not node.keys and not ctx.state_log(node.id):  # the one group's first row, even
+        visited.add(0)  # over no input rows
+    rows = visits(rows, WEIGHT, visited)
     out = ctx.persist(rows.groupBy(BUCKET).applyInArrow(functools.partial(_run, task), schema))
     # Persisted as plain columns: the output's SQL over struct fields made Spark's optimizer
     # inline them into every expression (planning ran out of memory for ten aggregates).
@@ -113,6 +118,7 @@ class _BucketTask:
     reader: Callable[[str, str], Any]
     marks: tuple[int | None, int | None]  # the watermark before and after the batch
     emit: bool  # EMIT ON WINDOW CLOSE: the output is the groups whose window closes
+    cut: int | None = None  # ``state_ttl``: the last batch whose state rows expired
 
     def run(self, key: tuple, rows: pa.Table) -> pa.Table:
         bucket = key[0].as_py()
@@ -123,9 +129,12 @@ class _BucketTask:
         befores, files = [], []
         for j, ((path, log), logged) in enumerate(zip(self.tables, layout)):
             mine = log.get(bucket, [])
-            names, alive = (keys, COUNT) if j == 0 else ([*keys, "v"], "cnt")
-            befores.append(live_rows(read_bucket(self.reader, path, mine, logged), mine,
-                                     names, alive))
+            names, alive = (keys, COUNT if keys else None) if j == 0 else \
+                ([*keys, "v"], "cnt")  # the one group of no key stays with count 0
+            before = live_rows(read_bucket(self.reader, path, mine, logged), mine, names, alive)
+            if self.cut is not None:  # an expired group starts afresh
+                before = before.filter(pc.greater(before[BATCH], self.cut))
+            befores.append(before)
             files.append(mine)
         done = step.run(delta, befores[0], {i: b for i, b in zip(step.ms, befores[1:])},
                         keep_after=False)
