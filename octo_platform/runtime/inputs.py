@@ -245,14 +245,16 @@ def upstream_changes(pipe: TableRun, src: PSource, got: dict[str, Any] | None
     the changelog files they come from."""
     upstream = pipe.project.table(src.name)
     path = pipe.layout.changelog(upstream.name)
+    from pyspark.sql.pandas.types import from_arrow_schema
+
     files = pipe.env.store.added_files(path, got["from"], got["to"]) if got else []
-    if files:
-        events = pipe.spark.read.parquet(*files)
+    schema = pipe.env.store.arrow_schema(path)
+    if schema is None:
+        raise RunError(f"{pipe.name}: upstream table {upstream.name!r} has no changelog "
+                       "yet; run it first")
+    if files:  # the schema given: inferring it from the files' footers is a Spark job
+        events = pipe.spark.read.schema(from_arrow_schema(schema)).parquet(*files)
     else:
-        schema = pipe.env.store.arrow_schema(path)
-        if schema is None:
-            raise RunError(f"{pipe.name}: upstream table {upstream.name!r} has no changelog "
-                           "yet; run it first")
         events = pipe.spark.createDataFrame(schema.empty_table())  # one empty chunk
     return pipe.env.decode_changelog(events, src.columns), files
 
