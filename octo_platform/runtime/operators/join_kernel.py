@@ -199,7 +199,6 @@ class JoinStep:
         got = pa.table({f.name: values[f.name] for f in out}, schema=out)
         return got.filter(pc.not_equal(got[WEIGHT], 0))
 
-
     def candidates(self, s: str, rows: dict[str, pa.Table], counts: pa.Table,
                    first_id: int) -> pa.Table:
         """Side ``s``'s rows of the keys the batch touched (``affected``), numbered
