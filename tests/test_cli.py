@@ -152,10 +152,12 @@ def test_run_until_idle_with_spark_conf_then_continuous_with_ctrl_c(tmp_path):
                             cwd=root, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
                             text=True)
     try:
-        time.sleep(12)  # session up and polling
-        (root / "data" / "bids" / "b.json").write_text('{"auction": 7, "price": 1}\n')
         deadline = time.monotonic() + 90
         seen = ""
+        while time.monotonic() < deadline and "[stats] streaming: " not in seen:
+            seen += proc.stdout.readline()  # the session is up and its query polls
+        assert "[stats] streaming: new input is looked for every 1 second" in seen, seen
+        (root / "data" / "bids" / "b.json").write_text('{"auction": 7, "price": 1}\n')
         while time.monotonic() < deadline:
             seen += proc.stdout.readline()
             if "[stats] batch 1" in seen:

@@ -597,6 +597,9 @@ def _run_continuously(queries: list[_Query], interval: str, deadline: float | No
                         delay = q.launch(until_idle=False, interval=interval)
                         if delay is None:
                             del due[id(q)]
+                            if progress:
+                                progress(f"[{q.name}] streaming: new input is looked for "
+                                         f"every {interval}")
                         else:
                             due[id(q)] = time.monotonic() + delay
                 elif not q.query.isActive:
