@@ -26,7 +26,7 @@ from octo_platform.runtime.operators.context import bucket_sql, positional, side
 from octo_platform.runtime.operators.kernels import LocalContext, StagedRows, Unsupported
 from octo_platform.runtime.operators.over import OverRange
 from octo_platform.runtime.operators.partition_steps import SessionStep, TopNStep, \
-    consolidated, touched
+    consolidated, is_micros, touched
 from octo_platform.runtime.state_log import StateFile
 from octo_platform.sqltext import quote
 
@@ -37,9 +37,8 @@ __all__ = ["TopNKernel", "SessionKernel", "OverKernel"]
 
 
 def micros(time: pa.DataType) -> None:
-    """Raise ``Unsupported`` unless ``time`` is Spark's TIMESTAMP (microseconds), whose
-    integer values the kernels compare with the watermark and the gap."""
-    if not (pa.types.is_timestamp(time) and time.unit == "us"):
+    """Raise ``Unsupported`` unless ``time`` is Spark's TIMESTAMP (``is_micros``)."""
+    if not is_micros(time):
         raise Unsupported(f"a time column of type {time}")
 
 
@@ -135,7 +134,7 @@ class TopNKernel:
         loaded = state.load(delta)
         if loaded is None:
             return self.step.out_schema(delta.schema).empty_table()
-        out, keep = self.step.run(*loaded)
+        out, keep = self.step.run(*loaded, self.lc.ctx.watermark)
         state.store(keep)
         return out
 

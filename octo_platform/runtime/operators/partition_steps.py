@@ -23,7 +23,13 @@ from octo_platform.runtime.operators.arrow import concat, normal_floats, run_sta
     sort_indices
 from octo_platform.runtime.operators.keyed_rows import KeyedRows
 
-__all__ = ["TopNStep", "SessionStep", "consolidated", "touched"]
+__all__ = ["TopNStep", "SessionStep", "consolidated", "touched", "is_micros"]
+
+
+def is_micros(time: pa.DataType) -> bool:
+    """Whether ``time`` is Spark's TIMESTAMP (microseconds), whose integer values the steps
+    compare with the watermark and the gap."""
+    return pa.types.is_timestamp(time) and time.unit == "us"
 
 
 def consolidated(rows: pa.Table, columns: list[str]) -> pa.Table:
@@ -65,9 +71,11 @@ class TopNStep:
                         tuple((k.column, k.desc, k.nulls_first) for k in node.order), node.n,
                         bool(node.rank), node.closes)
 
-    def run(self, d: pa.Table, old: pa.Table, new: pa.Table) -> tuple[pa.Table, pa.Table]:
+    def run(self, d: pa.Table, old: pa.Table, new: pa.Table, watermark: int | None = None
+            ) -> tuple[pa.Table, pa.Table]:
         """(output Δ, the buckets' rows to keep) from the batch's rows ``d`` and the
-        touched buckets' rows ``old`` and ``new``."""
+        touched buckets' rows ``old`` and ``new`` (``watermark``: ``SessionStep.run``'s,
+        not needed here)."""
         keep = new
         if self.closes:
             top = self.ranked(new)

@@ -28,7 +28,8 @@ from octo_platform.physical.plan import PSession, PTopN
 from octo_platform.runtime.operators.arrow import concat, primitive
 from octo_platform.runtime.operators.context import BatchContext, StagedWrite, bucket_sql, \
     positional, side_schema
-from octo_platform.runtime.operators.partition_steps import SessionStep, TopNStep, consolidated
+from octo_platform.runtime.operators.partition_steps import SessionStep, TopNStep, \
+    consolidated, is_micros
 from octo_platform.runtime.operators.session import Sessions
 from octo_platform.runtime.operators.tasks import PART, Log, bucket_logs, read_bucket, tagged, \
     tagged_schema
@@ -53,8 +54,8 @@ def run_partitioned(node: PTopN | PSession, ctx: BatchContext, delta: DataFrame
     if session:
         rows = rows.filter(f"{quote(node.time)} IS NOT NULL")
     weighted = arrow_schema(rows.schema)
-    if not all(primitive(f.type) for f in weighted) or session and not (
-            pa.types.is_timestamp(t := weighted.field(node.time).type) and t.unit == "us"):
+    if not all(primitive(f.type) for f in weighted) or session and not is_micros(
+            weighted.field(node.time).type):
         return (Sessions(node, ctx) if session else TopN(node, ctx)).run(delta)
     step = SessionStep.of(node) if session else TopNStep.of(node)
     stored = side_schema(rows.schema, names)
@@ -118,10 +119,7 @@ class _PartitionTask:
             BUCKET, pa.array(np.full(old.num_rows, bucket, np.int32)))
         new = consolidated(concat([old, d.append_column(BUCKET, here)], old.schema),
                            [*names, BUCKET])
-        if isinstance(self.step, SessionStep):
-            out, keep = self.step.run(d, old, new, self.watermark)
-        else:
-            out, keep = self.step.run(d, old, new)
+        out, keep = self.step.run(d, old, new, self.watermark)
         keep = keep.select([*names, WEIGHT]).rename_columns([*positional(names), COUNT])
         return tagged(self.out, [(0, "o", out), (2, "s0", keep),
                                  (_NAMED, "", pa.table({"_": [bucket]}))], bucket)
