@@ -22,7 +22,7 @@ demo-kafka: $(STAMP)
 	PYSPARK_PYTHON=$(abspath $(PY)) $(VENV)/bin/octo demo --kafka
 
 test: $(STAMP)
-	PYSPARK_PYTHON=$(abspath $(PY)) $(PY) -m pytest -q tests
+	PYSPARK_PYTHON=$(abspath $(PY)) $(PY) tests/suite.py -q
 
 # Dagster UI on http://127.0.0.1:3000 with the example project (sql/); the instance (runs,
 # event logs, schedules) lives in .dagster/. `make ui-data` first gives the sources input.

@@ -19,6 +19,9 @@ from orchestration.definitions import build_definitions
 from orchestration.resources import SparkResource, WarehouseResource
 from tests.oracle import RandomInput, batch_results, current, replay, write_lines
 
+# Waits on other processes most of the time: runs beside the rest (tests/suite.py).
+pytestmark = pytest.mark.processes
+
 SQL = """\
 CREATE SOURCE events (id BIGINT, k BIGINT, g STRING, v BIGINT, d DOUBLE)
 WITH (connector = 'files', path = 'data/events', format = 'json', max_files_per_batch = '1');

@@ -15,6 +15,9 @@ import pytest
 from octo_platform.cli import main
 from octo_platform.runtime.session import session_conf, spark_defaults_file, spark_defaults_keys
 
+# Waits on other processes most of the time: runs beside the rest (tests/suite.py).
+pytestmark = pytest.mark.processes
+
 SQL = """CREATE SOURCE bids (auction BIGINT, price BIGINT)
 WITH (connector = 'files', path = 'data/bids', format = 'json');
 CREATE STREAMING TABLE stats AS SELECT auction, COUNT(*) AS n, MAX(price) AS top

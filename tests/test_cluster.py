@@ -24,6 +24,9 @@ import pytest
 from octo_platform.project import load_project
 from octo_platform.runtime.session import QUICK_START_CONF
 from tests.oracle import RandomInput, check_tables, write_lines
+
+# Waits on other processes most of the time: runs beside the rest (tests/suite.py).
+pytestmark = pytest.mark.processes
 from tests.processes import start_session, stop_session
 
 BIN = Path(sys.executable).parent  # the venv's bin: spark-class (pip pyspark) and octo

@@ -10,12 +10,16 @@ import sys
 from collections import Counter
 from pathlib import Path
 
+import pytest
 from deltalake import DeltaTable
 
 from octo_platform.runtime.runner import run_tables
 from octo_platform.wiring import default_options
 from tests.oracle import RandomInput, batch_results, current, norm, replay, write_lines
 from tests.processes import mid_run, octo_run, run_killing
+
+# Waits on other processes most of the time: runs beside the rest (tests/suite.py).
+pytestmark = pytest.mark.processes
 
 SQL = """
 CREATE SOURCE src ({ddl}) WITH (connector = 'files', path = 'data/src', format = '{fmt}',

@@ -19,6 +19,9 @@ from octo_platform.runtime.status import table_status
 from octo_platform.wiring import default_options
 from state.delta import DeltaStore
 from tests.kafka_broker import Producer, create_topic, fails_naming, tansu
+
+# Waits on other processes most of the time: runs beside the rest (tests/suite.py).
+pytestmark = pytest.mark.processes
 from tests.oracle import RandomInput, check_tables
 
 TABLES = {

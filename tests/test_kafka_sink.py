@@ -19,6 +19,9 @@ from octo_platform.wiring import default_options
 from tests.kafka_broker import Producer, create_topic, fails_naming, read_topic, tansu
 from tests.oracle import RandomInput, check_sink, check_tables
 
+# Waits on other processes most of the time: runs beside the rest (tests/suite.py).
+pytestmark = pytest.mark.processes
+
 TABLES = {
     "per_g": "SELECT g, COUNT(*) AS n, SUM(v) AS total FROM accounts GROUP BY g",
     "big_v": "SELECT k, v FROM accounts WHERE v > 50",  # no primary key

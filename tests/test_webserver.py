@@ -25,6 +25,9 @@ import pytest
 from tests.oracle import changelog_events, replay, write_lines
 from tests.processes import session_pids, start_session, stop_session
 
+# Waits on other processes most of the time: runs beside the rest (tests/suite.py).
+pytestmark = pytest.mark.processes
+
 REPO_ROOT = Path(__file__).resolve().parents[1]
 
 SOURCES = """\

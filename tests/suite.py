@@ -1,0 +1,66 @@
+"""`make test`: the suite as two pytest processes side by side.
+
+The tests marked ``processes`` (see ``pyproject.toml``) spend most of their time waiting on
+other processes: `octo run` subprocesses starting their JVMs and being SIGKILLed, a Kafka
+broker, `dagster dev` and its daemon's loops. Alone they kept about one of this machine's
+two cores busy (450 s of wall time, 425 core-seconds). They run in their own pytest process
+beside the rest, which keeps the cores busy with in-process Spark work; each process has
+its own SparkSession and its own temporary directory.
+
+Delta's jars are fetched (Maven Central, then cached) by one session before the two start,
+so two JVMs never resolve them into the same Ivy cache at once.
+
+Arguments go to both pytest processes. The exit status is non-zero if either failed; the
+output of the ``processes`` part follows the other's.
+"""
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+NONE_SELECTED = 5  # pytest's exit status when no test was selected
+
+
+def fetch_jars() -> None:
+    """Start and stop a session once if Delta's jars are not known to be on disk."""
+    from octo_platform.runtime.session import delta_jars
+
+    if "spark.jars.packages" in delta_jars():
+        subprocess.run([sys.executable, "-c", "from octo_platform.runtime.session import "
+                        "spark_session; spark_session().stop()"], cwd=ROOT, check=True)
+
+
+def main(args: list[str]) -> int:
+    fetch_jars()
+    base = Path(tempfile.mkdtemp(prefix="octo-tests-"))
+    pytest = [sys.executable, "-m", "pytest", *args]
+    log = base / "processes.log"
+    with open(log, "wb") as out:
+        waiting = subprocess.Popen(
+            [*pytest, "-m", "processes", f"--basetemp={base / 'processes'}"],
+            cwd=ROOT, stdout=out, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL)
+        try:
+            rest = subprocess.run([*pytest, "-m", "not processes",
+                                   f"--basetemp={base / 'rest'}"], cwd=ROOT).returncode
+        except BaseException:
+            waiting.terminate()
+            raise
+        finally:
+            waited = waiting.wait()
+    print(f"\n===== the tests marked `processes` (ran alongside; {log}) =====", flush=True)
+    sys.stdout.buffer.write(log.read_bytes())
+    # 5: no test selected (arguments that name tests of one part only)
+    codes = [0 if c == NONE_SELECTED and {rest, waited} != {NONE_SELECTED} else c
+             for c in (rest, waited)]
+    print(f"\nsuite: {'FAILED' if any(codes) else 'passed'} (the rest: exit {rest}, "
+          f"`processes`: exit {waited})", flush=True)
+    return max(codes)
+
+
+if __name__ == "__main__":
+    os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
+    sys.exit(main(sys.argv[1:]))
