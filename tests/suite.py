@@ -11,11 +11,14 @@ Delta's jars are fetched (Maven Central, then cached) by one session before the 
 so two JVMs never resolve them into the same Ivy cache at once.
 
 Arguments go to both pytest processes. The exit status is non-zero if either failed; the
-output of the ``processes`` part follows the other's.
+output of the ``processes`` part follows the other's. Measured in a clean clone (`time make
+test`, install included): 18.8 min as one process, 14.7 min as two (the rest's tests 814 s,
+the ``processes`` part's 762 s: both slower than alone, 613 s and 450 s, the CPU now busy).
 """
 from __future__ import annotations
 
 import os
+import shutil
 import subprocess
 import sys
 import tempfile
@@ -58,6 +61,8 @@ def main(args: list[str]) -> int:
              for c in (rest, waited)]
     print(f"\nsuite: {'FAILED' if any(codes) else 'passed'} (the rest: exit {rest}, "
           f"`processes`: exit {waited})", flush=True)
+    if not any(codes):  # a failure keeps the tests' directories and the log, to look into
+        shutil.rmtree(base, ignore_errors=True)
     return max(codes)
 
 
