@@ -97,3 +97,19 @@ def test_a_scan_keeps_the_values_it_does_not_compare():
     found = cache.find(t.slice(1))
     kept = cache.replace(found, t.slice(1)).table().sort_by("k")
     assert math.copysign(1.0, kept["x"][0].as_py()) == -1.0
+
+
+@pytest.mark.parametrize("bits", [1, 2])
+def test_a_large_index_sorted_in_parts_is_sorted(monkeypatch, bits):
+    """Above ``_PARALLEL_SORT`` hashes the index is sorted in parts by the top bits, in
+    threads: the same order as one sort (duplicates, and every part's edge values)."""
+    monkeypatch.setattr(keyed_rows, "_SORT_BITS", bits)
+    rng = np.random.default_rng(bits)
+    n = keyed_rows._PARALLEL_SORT + 1000
+    hashes = rng.integers(0, 2**64 - 1, n, dtype=np.uint64, endpoint=True)
+    hashes[:3000] = hashes[3000:6000]  # duplicates
+    edges = [np.uint64(p) << np.uint64(64 - bits) for p in range(1, 1 << bits)]
+    hashes[6000:6002 + 2 * len(edges)] = [0, 2**64 - 1, *edges, *(e - np.uint64(1) for e in edges)]
+    order = keyed_rows._argsort(hashes)
+    assert sorted(order.tolist()) == list(range(n))
+    assert (hashes[order] == np.sort(hashes)).all()

@@ -263,7 +263,10 @@ def live_rows(stored: pa.Table, files: list[StateFile], keys: list[str], alive: 
     # One write holds each key once: only several need the newest row per key.
     if len({generation(f) for f in files}) > 1:
         stored = newest(keys)(stored)
-    return stored.filter(pc.not_equal(stored[alive], 0)) if alive else stored
+    if not alive:
+        return stored
+    dropped = pc.fill_null(pc.equal(stored[alive], 0), True)
+    return stored.filter(pc.invert(dropped)) if pc.any(dropped).as_py() else stored
 
 
 def with_batch_column(table: pa.Table, batch: int) -> pa.Table:

@@ -18,6 +18,8 @@ all rows per lookup: still correct, O(state).
 """
 from __future__ import annotations
 
+import os
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -31,6 +33,11 @@ __all__ = ["KeyedRows", "Found", "key_hash", "same_values"]
 
 _NULL = np.uint64(0x9E3779B97F4A7C15)  # a NULL key column's hash
 _PRIME = np.uint64(0x100000001B3)
+# Above this many rows an index is sorted in parts, on the driver's cores: 2M hashes took
+# 0.21 s in one sort, 0.11 s in two halves on 2 cores (numpy's sort releases the GIL).
+_PARALLEL_SORT = 200_000
+_SORT_BITS = max(0, min(3, (os.cpu_count() or 1).bit_length() - 1))  # 2^bits parts
+_sorters: list[ThreadPoolExecutor] = []
 
 
 def same_values(a: pa.ChunkedArray | pa.Array, b: pa.ChunkedArray | pa.Array
@@ -120,7 +127,7 @@ class _Run:
 
     @staticmethod
     def of(rows: pa.Table, hashes: np.ndarray) -> _Run:
-        order = np.argsort(hashes)
+        order = _argsort(hashes)
         return _Run(rows, hashes[order], order)
 
     def pairs(self, hashes: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
@@ -154,6 +161,18 @@ class _Run:
             run = _Run(run.rows.take(pa.array(run.at)), run.hashes,
                        np.arange(len(run.at), dtype=np.int64))
         return run
+
+
+def _argsort(hashes: np.ndarray) -> np.ndarray:
+    """``np.argsort(hashes)``: of many hashes, by their top bits' parts (each part's hashes
+    below the next part's), each sorted in a thread."""
+    if len(hashes) < _PARALLEL_SORT or not _SORT_BITS:
+        return np.argsort(hashes)
+    if not _sorters:
+        _sorters.append(ThreadPoolExecutor(1 << _SORT_BITS, thread_name_prefix="octo-sort"))
+    top = hashes >> np.uint64(64 - _SORT_BITS)
+    parts = [np.flatnonzero(top == p) for p in range(1 << _SORT_BITS)]
+    return np.concatenate(list(_sorters[0].map(lambda at: at[np.argsort(hashes[at])], parts)))
 
 
 @dataclass(frozen=True)
