@@ -125,7 +125,7 @@ def run_in_driver(pipe: TableRun, ctx: BatchContext, inputs: dict[str, Any], row
     lc = LocalContext(ctx, pinned)
     try:
         local: LocalInputs | None = read_local(pipe, lc, inputs, rows, stats)
-        tables = local.tables
+        tables, lc.kept = local.tables, local.kept
         set_watermarks(pipe, ctx, stats.watermarks, local.watermarks)
     except Unsupported:  # read with Spark: a job per input
         local, observed = None, read_inputs(pipe, ctx, inputs, stats)
@@ -223,6 +223,8 @@ def evaluate(node: Any, lc: LocalContext, tables: dict[str, pa.Table]) -> pa.Tab
         return tables[node.name.lower()]
     if isinstance(node, PStateless):
         table, steps = evaluate(node.input, lc, tables), node.steps
+        if node.id in lc.kept:  # its first filter was evaluated with the read
+            table, steps = table.filter(lc.kept[node.id]), steps[1:]
         while steps and (picked := _columns(steps[0], table)) is not None:
             table = table.select(picked).rename_columns([*steps[0][1], WEIGHT])
             steps = steps[1:]

@@ -79,6 +79,9 @@ class LocalContext:
     pinned: dict[str, int | None]
     writes: list[StagedRows] = field(default_factory=list)
     fresh: dict[str, KeyedRows] = field(default_factory=dict)
+    # by stateless node right above a source: which of the source's rows its first filter
+    # keeps, evaluated as the inputs were read (``driver_inputs.first_filters``)
+    kept: dict[str, pa.Array] = field(default_factory=dict)
 
     @property
     def spark(self):
