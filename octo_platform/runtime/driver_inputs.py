@@ -6,10 +6,12 @@ table's changelog files are read with Arrow and decoded (``debezium.decode_arrow
 Parquet records whose event times are all at or above their source's watermark skip Spark
 altogether (``on_time``). Good and bad records, late ones and the latest event time are
 counted from what was read, as the Spark path observes them (``inputs.settle_inputs``);
-bad records become the batch's dead letters. A Kafka source's ranges are fetched here by one
-consumer and parsed like lines of a file (``connectors/kafka.read_local``). Other inputs
-(CSV, ``delta`` sources, remote files) raise ``Unsupported``: the driver path then reads
-them with Spark (``inputs.read_inputs``).
+bad records become the batch's dead letters. Where a stateless node right above a source
+starts with a filter, the Spark call that parses the records also evaluates that filter
+(``first_filters``): the node then takes the rows it keeps without a Spark call of its own.
+A Kafka source's ranges are fetched here by one consumer and parsed like lines of a file
+(``connectors/kafka.read_local``). Other inputs (CSV, ``delta`` sources, remote files)
+raise ``Unsupported``: the driver path then reads them with Spark (``inputs.read_inputs``).
 """
 from __future__ import annotations
 
