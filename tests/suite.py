@@ -13,8 +13,8 @@ so two JVMs never resolve them into the same Ivy cache at once.
 Arguments go to both pytest processes. The exit status is non-zero if either failed; the
 output of the ``processes`` part follows the other's. Measured in a clean clone (`time make
 test`, install included): 18.8 min as one process, 14.7-16.3 min as two (the rest's tests
-814-902 s, the ``processes`` part's 745-802 s: both slower than alone: 450 s for the ``processes``
-part, about 613 s for the rest; the CPU now busy).
+814-902 s, the ``processes`` part's 745-802 s, both slower than alone: 450 s for the
+``processes`` part, about 613 s for the rest; the CPU now busy).
 """
 from __future__ import annotations
 
