@@ -100,7 +100,7 @@ def read_local(pipe: TableRun, lc: LocalContext, inputs: dict[str, Any], rows: i
         except LookupError as e:
             raise Unsupported(str(e)) from e
         got_rows = None  # the records as Arrow, if no Spark call is needed for them
-        kept: dict[str, tuple[int, str]] = {}
+        kept: dict[str, str] = {}  # stateless node -> the column of its first filter
         if parsed.evaluated is not None:
             got_rows = parsed.evaluated if sdef.watermark is None else \
                 on_time(parsed.evaluated, sdef, stats.watermarks.get(key))
@@ -112,14 +112,14 @@ def read_local(pipe: TableRun, lc: LocalContext, inputs: dict[str, Any], rows: i
                 time = sdef.watermark.time_sql(sdef.format == "debezium-json")
                 records = records.selectExpr("*", f"unix_micros({time}) AS _t")
             if sdef.format != "debezium-json":  # a record is a row: filter it in this call
-                kept = first_filters(pipe.table.physical.root, src.name)
+                conds = first_filters(pipe.table.physical.root, src.name)
+                kept = {node: f"_kept{i}" for i, node in enumerate(conds)}
                 records = records.selectExpr("*", *[
-                    f"coalesce(({cond}), false) AS {_kept(i)}" for i, cond in kept.values()])
+                    f"coalesce(({cond}), false) AS {kept[node]}" for node, cond in conds.items()])
             got_rows = collect_arrow(records, rows_in=rows)
         good = got_rows.filter(pc.is_null(got_rows["_reason"]))
         bad = got_rows.filter(pc.is_valid(got_rows["_reason"]))
-        out.kept.update({node: good[_kept(i)] for node, (i, _) in kept.items()
-                         if _kept(i) in good.column_names})
+        out.kept.update({node: good[column] for node, column in kept.items()})
         if sdef.watermark is not None:
             out.late += pc.sum(pc.starts_with(bad["_reason"], LATE)).as_py() or 0
             latest = pc.max(good["_t"]).as_py() if good.num_rows else None
@@ -140,25 +140,21 @@ def read_local(pipe: TableRun, lc: LocalContext, inputs: dict[str, Any], rows: i
     return out
 
 
-def first_filters(root: PNode, source: str) -> dict[str, tuple[int, str]]:
+def first_filters(root: PNode, source: str) -> dict[str, str]:
     """The stateless nodes right above source ``source`` whose first step is a filter: by
-    node id, a number and that filter's condition. The read evaluates the conditions with
-    the parsing (``LocalInputs.kept``), one Spark call fewer per node."""
-    found: dict[str, tuple[int, str]] = {}
+    node id, that filter's condition. The read evaluates the conditions with the parsing
+    (``LocalInputs.kept``), one Spark call fewer per node."""
+    found: dict[str, str] = {}
 
     def walk(node: PNode) -> None:
         if (isinstance(node, PStateless) and isinstance(node.input, PSource)
                 and node.input.kind == "source" and node.input.name.lower() == source.lower()
                 and node.steps and node.steps[0][0] == "filter"):
-            found.setdefault(node.id, (len(found), node.steps[0][2][0]))
+            found[node.id] = node.steps[0][2][0]
         for child in node.inputs:
             walk(child)
     walk(root)
     return found
-
-
-def _kept(i: int) -> str:
-    return f"_kept{i}"
 
 
 def on_time(records: pa.Table, sdef: Any, before: int | None) -> pa.Table | None:

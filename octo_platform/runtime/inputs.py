@@ -243,10 +243,10 @@ def upstream_changes(pipe: TableRun, src: PSource, got: dict[str, Any] | None
                      ) -> tuple[DataFrame, list[str]]:
     """Weighted rows of the upstream table's change events between two versions, and
     the changelog files they come from."""
-    upstream = pipe.project.table(src.name)
-    path = pipe.layout.changelog(upstream.name)
     from pyspark.sql.pandas.types import from_arrow_schema
 
+    upstream = pipe.project.table(src.name)
+    path = pipe.layout.changelog(upstream.name)
     files = pipe.env.store.added_files(path, got["from"], got["to"]) if got else []
     schema = pipe.env.store.arrow_schema(path)
     if schema is None:

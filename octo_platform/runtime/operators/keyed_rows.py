@@ -19,7 +19,6 @@ all rows per lookup: still correct, O(state).
 from __future__ import annotations
 
 import os
-from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -28,6 +27,7 @@ import pyarrow.compute as pc
 
 from octo_platform.runtime.operators.arrow import concat, key_join, normal_floats, safe_keys, \
     value_bytes
+from octo_platform.runtime.writes import threaded
 
 __all__ = ["KeyedRows", "Found", "key_hash", "same_values"]
 
@@ -37,7 +37,6 @@ _PRIME = np.uint64(0x100000001B3)
 # 0.21 s in one sort, 0.11 s in two halves on 2 cores (numpy's sort releases the GIL).
 _PARALLEL_SORT = 200_000
 _SORT_BITS = max(0, min(3, (os.cpu_count() or 1).bit_length() - 1))  # 2^bits parts
-_sorters: list[ThreadPoolExecutor] = []
 
 
 def same_values(a: pa.ChunkedArray | pa.Array, b: pa.ChunkedArray | pa.Array
@@ -168,11 +167,10 @@ def _argsort(hashes: np.ndarray) -> np.ndarray:
     below the next part's), each sorted in a thread."""
     if len(hashes) < _PARALLEL_SORT or not _SORT_BITS:
         return np.argsort(hashes)
-    if not _sorters:
-        _sorters.append(ThreadPoolExecutor(1 << _SORT_BITS, thread_name_prefix="octo-sort"))
     top = hashes >> np.uint64(64 - _SORT_BITS)
     parts = [np.flatnonzero(top == p) for p in range(1 << _SORT_BITS)]
-    return np.concatenate(list(_sorters[0].map(lambda at: at[np.argsort(hashes[at])], parts)))
+    return np.concatenate([order for _, order in threaded(
+        lambda at: at[np.argsort(hashes[at])], parts)])
 
 
 @dataclass(frozen=True)

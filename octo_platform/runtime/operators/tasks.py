@@ -5,9 +5,9 @@ A task returns one frame for everything it made, tagged by ``_part``: 0 is the o
 own output (struct column ``o``), ``1 + 2j`` and ``2 + 2j`` are state table ``j``'s new
 ``delta`` and ``base`` rows (struct column ``s<j>``): a bucket's first rows, or its
 compaction, when due (``due_buckets``, decided in the driver); numbers above those are the
-operator's own (a join's candidate matches, a rewritten bucket's name). Each due bucket is visited by
-a task (``visits``: a row of weight 0), and the commit removes its older files, so a
-compaction that keeps nothing (a bucket of closed windows) empties the bucket.
+operator's own (a join's candidate matches, a rewritten bucket's name). Each due bucket is
+visited by a task (``visits``: a row of weight 0), and the commit removes its older files,
+so a compaction that keeps nothing (a bucket of closed windows) empties the bucket.
 """
 from __future__ import annotations
 
