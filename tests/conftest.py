@@ -8,9 +8,6 @@ import pytest
 
 os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
 
-_SMALL_INLINING = ("-XX:MaxInlineLevel=4 -XX:InlineSmallCode=500 -XX:FreqInlineSize=50 "
-                   "-XX:MaxInlineSize=20")
-
 
 @pytest.fixture(scope="session")
 def spark():
@@ -24,13 +21,7 @@ def spark():
     # rows (`test_oracle_joins`' Spark-path project: 158.9 s with, 129.7 s without). Runs
     # in their own process (`octo run`, the cluster test, the benchmarks) keep Spark's
     # default, as a production run's Spark path, which takes the large batches, does.
-    # The JIT's second tier with small inlining budgets: the suite plans thousands of
-    # distinct queries, and C2 compiling Catalyst's methods with everything inlined into
-    # them cost more CPU than its code saved here (`test_oracle_joins.py`, `test_oracle.py`
-    # and `test_windows.py` in one session: 635 core-seconds with Java's defaults, 579 with
-    # these, 775 with C1 only; benchmarks/README.md).
     session = spark_session(conf={"spark.driver.memory": "2g",
-                                  "spark.driver.extraJavaOptions": _SMALL_INLINING,
                                   "spark.sql.codegen.wholeStage": "false",
                                   "spark.sql.codegen.factoryMode": "NO_CODEGEN"})
     yield session
