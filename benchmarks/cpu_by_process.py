@@ -1,6 +1,6 @@
 """Run a command and say whose CPU it used: its process tree, sampled from ``/proc``.
 
-    benchmarks/cpu_by_process.py [--every SECONDS] -- COMMAND [ARG...]
+    .venv/bin/python benchmarks/cpu_by_process.py [--every SECONDS] -- COMMAND [ARG...]
 
 Every ``--every`` seconds (0.3 by default) it reads the user + system time of each process
 below the command (``/proc/<pid>/stat``), keeps each one's last reading, and at the end
@@ -12,7 +12,8 @@ the figures are a lower bound, good for comparing runs. Linux only. Exit status:
 command's.
 
 Used to find where the suite's CPU goes (benchmarks/README.md, "The test session's JIT"):
-``JDK_JAVA_OPTIONS=... benchmarks/cpu_by_process.py -- .venv/bin/python -m pytest ...``.
+``JDK_JAVA_OPTIONS=... .venv/bin/python benchmarks/cpu_by_process.py -- .venv/bin/python -m
+pytest ...``.
 """
 from __future__ import annotations
 
