@@ -5,8 +5,14 @@ computes over them back as Arrow (``collect_arrow``) (ground floor: imports no o
 schema through the JVM on every call: about 40 py4j calls (measured on pyspark 4.2). The
 driver path makes several local relations per batch, so ``local_frame`` reads the settings
 once per session and hands the table to the same PySpark conversion: about 9 calls. The
-result is the same DataFrame (a local relation whose projections and filters Spark's
-optimizer evaluates in the driver, without a job).
+result is the same DataFrame: for up to ``COLLECT_ROWS`` rows a local relation, whose
+projections and filters Spark's optimizer evaluates in the driver, without a job. A larger
+table is handed over as Arrow batches, one per core, that Spark's tasks turn into rows (as
+``createDataFrame`` does above ``spark.sql.execution.arrow.localRelationThreshold``): a local
+relation's rows are built in the driver's JVM and its projections and filters evaluated
+there row by row, interpreted; measured on 2 cores, a TUMBLE's projection over 300K rows
+taken back with ``toArrow`` 1.3-1.7 s as a local relation, 0.12-0.2 s as batches (100K
+rows: 0.4-0.6 s against 0.1-0.15 s; 10K rows: 0.16 s against 0.09 s).
 """
 from __future__ import annotations
 
@@ -25,6 +31,7 @@ __all__ = ["local_frame", "collect_arrow", "arrow_schema", "arrow_type", "COLLEC
 _SETTINGS = ("spark.sql.session.timeZone", "spark.sql.timestampType",
              "spark.sql.execution.arrow.useLargeVarTypes",
              "spark.sql.execution.arrow.maxRecordsPerBatch")
+_LOCAL_RELATION = "spark.sql.execution.arrow.localRelationThreshold"
 _settings: dict[int, tuple[Any, ...]] = {}
 _lock = threading.Lock()
 
@@ -40,9 +47,18 @@ def local_frame(spark: SparkSession, table: pa.Table) -> DataFrame:
         if settings is None:
             tz, ts_type, large, batch = (spark.conf.get(k) for k in _SETTINGS)
             settings = _settings[key] = (tz, ts_type == "TIMESTAMP_NTZ", large == "true",
-                                         int(batch))
-    tz, ntz, large, batch = settings
-    return convert(table, None, tz, ntz, large, batch)
+                                         int(batch), spark.sparkContext.defaultParallelism)
+        tz, ntz, large, batch, cores = settings
+        if table.num_rows <= COLLECT_ROWS:
+            return convert(table, None, tz, ntz, large, batch)
+        # As batches, one per core: the threshold is read when the frame is made, so it is
+        # set for this call only (under the lock: octo's other threads make frames here too).
+        before = spark.conf.get(_LOCAL_RELATION)
+        spark.conf.set(_LOCAL_RELATION, "0")
+        try:
+            return convert(table, None, tz, ntz, large, -(-table.num_rows // max(cores, 1)))
+        finally:
+            spark.conf.set(_LOCAL_RELATION, before)
 
 
 def collect_arrow(df: DataFrame, rows_in: int = 1, schema: pa.Schema | None = None
