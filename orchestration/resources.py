@@ -80,7 +80,8 @@ class WarehouseResource(dg.ConfigurableResource):
     driver_rows: Optional[int] = Field(
         default=None,
         description="batches of at most this many input rows run in the driver with no Spark "
-                    "job (0: never); default the runtime's (100,000), as `octo run --driver-rows`")
+                    "job (0: never); default the runtime's (1,000,000), as "
+                    "`octo run --driver-rows`")
 
     def location(self, project_root: str | Path) -> str:
         """The resolved warehouse for a project: absolute path or URI."""

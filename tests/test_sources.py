@@ -126,3 +126,33 @@ def test_parquet_on_the_driver_path_equals_the_spark_path(spark, tmp_path):
     assert results["driver"] == results["spark"]
     assert results["driver"]["pairs"] == Counter({(2, 1): 1, (3, 2): 1, (4, 3): 1,
                                                   (5, 4): 1, (6, 5): 1})
+
+
+def test_a_batch_over_the_driver_bytes_runs_on_the_spark_path(spark, tmp_path, monkeypatch):
+    """Under ``driver_rows`` but over ``DRIVER_BYTES`` of input (here lowered to 2 KB: a
+    JSON file's size, a Parquet file's uncompressed row groups), a batch runs on the Spark
+    path; the next small one on the driver path again."""
+    import octo_platform.runtime.driver as driver
+
+    monkeypatch.setattr(driver, "DRIVER_BYTES", 2000)
+    root = tmp_path
+    (root / "sql").mkdir()
+    (root / "sql" / "t.sql").write_text(
+        "CREATE SOURCE j (id BIGINT, name STRING) WITH (connector = 'files', path = 'data/j',"
+        " format = 'json', max_files_per_batch = '1');\n"
+        "CREATE SOURCE p (id BIGINT, name STRING) WITH (connector = 'files', path = 'data/p',"
+        " format = 'parquet', max_files_per_batch = '1');\n"
+        "CREATE STREAMING TABLE per_name AS SELECT name, COUNT(*) AS n FROM\n"
+        "  (SELECT id, name FROM j UNION ALL SELECT id, name FROM p) GROUP BY name;\n")
+    (root / "data/j").mkdir(parents=True)
+    (root / "data/p").mkdir(parents=True)
+    sizes = (3, 60, 2)  # rows a file: ~100 bytes, ~3 KB (JSON) / ~2.3 KB (Parquet), ~70
+    for i, n in enumerate(sizes):
+        rows = [{"id": k, "name": f"name-{k % 3}-" + "x" * 30} for k in range(n)]
+        (root / f"data/j/{i}.json").write_text("\n".join(map(json.dumps, rows)) + "\n")
+        pq.write_table(pa.Table.from_pylist(rows), root / f"data/p/{i}.parquet",
+                       compression="zstd")
+    assert (root / "data/j/1.json").stat().st_size > 2000
+    report = run_tables(spark, root, options=default_options(progress=None), until_idle=True)
+    assert [b.path for b in report.batches] == ["driver", "spark", "driver"]
+    assert sorted(n for _, n in current(root / "warehouse", "per_name")) == [42, 44, 44]

@@ -2,13 +2,15 @@
 
 A batch whose input holds at most ``driver_rows`` rows (a run option; counted from
 metadata before anything is read: Parquet footers, Kafka offsets, Delta file statistics,
-lines of small text files) and whose plan the kernels cover (filters, projections, unions,
-GROUP BY (windows that close and EMIT ON WINDOW CLOSE too), joins, top-N, SESSION windows
-and sliding OVER ranges, ``state_ttl`` too) runs here instead of in a Spark job:
+lines of small text files) and ``arrow.DRIVER_BYTES``, and whose plan the kernels cover
+(filters, projections, unions, GROUP BY (windows that close and EMIT ON WINDOW CLOSE too),
+joins, top-N, SESSION windows and sliding OVER ranges, ``state_ttl`` too) runs here
+instead of in a Spark job:
 
 1. each input's rows are read into Arrow (``toArrow``: the path's one Spark job per input
    read; record counts and dead letters are observed by it as on the Spark path);
-2. stateless steps run as Spark SQL over local relations (no job, Spark's semantics) and
+2. stateless steps run as Spark SQL over the batch's rows (Spark's semantics: over a few
+   thousand rows a local relation, no job; over more, one small job: ``local_frames``) and
    stateful operators as kernels over the run's state cache (``operators/kernels.py``,
    ``operators/partition_kernel.py``; a sliding OVER range's window functions run as one
    small job over a local relation);
@@ -35,7 +37,7 @@ from octo_platform.physical.plan import PAggregate, PhysicalPlan, PJoin, PSource
     POver, PSession, PTopN, PUnion
 from octo_platform.runtime.operators import BatchContext, apply_steps
 from octo_platform.local_frames import arrow_schema
-from octo_platform.runtime.operators.arrow import concat, key_join, \
+from octo_platform.runtime.operators.arrow import DRIVER_BYTES, concat, key_join, \
     normal_floats, primitive, run_starts, safe_keys, sort_indices
 from octo_platform.runtime.operators.kernels import (
     AggregateKernel,
@@ -60,11 +62,13 @@ if TYPE_CHECKING:
     from octo_platform.runtime.stats import BatchStats
     from octo_platform.runtime.table_run import TableRun
 
-__all__ = ["DEFAULT_DRIVER_ROWS", "plan_runs_in_driver", "input_rows", "run_in_driver",
-           "Unsupported"]
+__all__ = ["DEFAULT_DRIVER_ROWS", "plan_runs_in_driver", "input_rows",
+           "run_in_driver", "Unsupported"]
 
-DEFAULT_DRIVER_ROWS = 100_000
-_TEXT_BYTES_PER_ROW = 4096  # a text file bigger than this per allowed row is not counted
+# Measured (benchmarks/README.md, "The driver path's bounds"): on 2 local cores the driver
+# path beat the Spark path at every batch size up to 1M rows, 3-10x.
+DEFAULT_DRIVER_ROWS = 1_000_000
+_KAFKA_RECORD_BYTES = 1024  # a Kafka record's bytes are not known before it is fetched
 _W = quote(WEIGHT)
 _SIGN = "__octo_sign"
 
@@ -77,16 +81,17 @@ def plan_runs_in_driver(plan: PhysicalPlan) -> bool:
 
 def input_rows(pipe: TableRun, inputs: dict[str, Any], limit: int) -> int | None:
     """Rows the batch reads, from metadata (no data read but small text files' lines);
-    None when unknown or clearly above ``limit``."""
+    None when unknown, clearly above ``limit``, or more than ``DRIVER_BYTES``."""
     import pyarrow.parquet as pq
 
-    total = 0
+    rows = size = 0
     for spec in pipe.inputs:
         got = inputs.get(spec.key)
         if not got:
             continue
         if spec.kind == "kafka":
-            total += sum(b - a for a, b in got["ranges"].values())
+            records = sum(b - a for a, b in got["ranges"].values())
+            rows, size = rows + records, size + records * _KAFKA_RECORD_BYTES
         elif spec.kind == "files":
             parquet = pipe.project.source(spec.name).format == "parquet"
             for f in got["files"]:
@@ -94,12 +99,16 @@ def input_rows(pipe: TableRun, inputs: dict[str, Any], limit: int) -> int | None
                     if "://" in f:
                         return None
                     if parquet:
-                        total += pq.ParquetFile(f).metadata.num_rows
-                    elif os.path.getsize(f) > _TEXT_BYTES_PER_ROW * max(limit, 1):
-                        return None
+                        meta = pq.ParquetFile(f).metadata
+                        rows += meta.num_rows
+                        size += sum(meta.row_group(i).total_byte_size
+                                    for i in range(meta.num_row_groups))
                     else:
+                        size += os.path.getsize(f)
+                        if size > DRIVER_BYTES:
+                            return None
                         with open(f, "rb") as fh:
-                            total += fh.read().count(b"\n") + 1
+                            rows += fh.read().count(b"\n") + 1
                 except (OSError, pa.ArrowException):  # gone or unreadable: Spark reports it
                     return None
         else:  # a Delta table's versions: the rows of the files added between them
@@ -109,10 +118,11 @@ def input_rows(pipe: TableRun, inputs: dict[str, Any], limit: int) -> int | None
                      if f["path"] not in before]
             if any(f["rows"] is None for f in added):
                 return None
-            total += 2 * sum(int(f["rows"]) for f in added)  # an update is two rows
-        if total > limit:
+            rows += 2 * sum(int(f["rows"]) for f in added)  # an update is two rows
+            size += sum(int(f["size"]) for f in added)
+        if rows > limit or size > DRIVER_BYTES:
             return None
-    return total
+    return rows
 
 
 def run_in_driver(pipe: TableRun, ctx: BatchContext, inputs: dict[str, Any], rows: int,

@@ -27,7 +27,7 @@ from octo_platform.runtime.environment import Environment
 from octo_platform.runtime.layout import Layout
 from octo_platform.runtime.environment import Store
 from octo_platform.runtime.offsets import BatchLog
-from octo_platform.runtime.operators.arrow import local_path
+from octo_platform.runtime.operators.arrow import DRIVER_BYTES, local_path
 from octo_platform.runtime.writes import file_batch
 
 if TYPE_CHECKING:
@@ -168,14 +168,14 @@ class SinkRunner:
 
     def local_events(self, first: int | None, last: int) -> pa.Table | None:
         """``events`` read with Arrow in the driver, when they are at most ``driver_rows``
-        rows of local files; else None."""
+        rows and ``DRIVER_BYTES`` of local files; else None."""
         import pyarrow as pa
         import pyarrow.parquet as pq
 
         added = self._added(first, last)
         paths = [local_path(f["uri"]) for f, _ in added]
         if not added or sum(int(f["rows"]) for f, _ in added) > self.driver_rows \
-                or None in paths:
+                or sum(int(f["size"]) for f, _ in added) > DRIVER_BYTES or None in paths:
             return None
         schema = self.env.store.arrow_schema(self.changelog)  # either path's files as one
         return pa.concat_tables([

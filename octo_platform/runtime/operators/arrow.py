@@ -19,9 +19,15 @@ from octo_platform.local_frames import collect_arrow, local_frame
 if TYPE_CHECKING:
     from pyspark.sql import DataFrame, SparkSession
 
-__all__ = ["spark_eval", "safe_keys", "key_join", "concat",
+__all__ = ["DRIVER_BYTES", "spark_eval", "safe_keys", "key_join", "concat",
            "primitive", "local_path", "normal_floats", "value_bytes", "sort_indices",
            "run_starts"]
+
+# Whatever its rows, a batch whose input is larger than this runs on the Spark path: the
+# driver holds the batch (and takes back what Spark computes over it, within
+# ``spark.driver.maxResultSize``). Bytes as known before the read (``driver.input_rows``):
+# Parquet row groups' uncompressed sizes, text and Delta files' sizes, 1 KiB a Kafka record.
+DRIVER_BYTES = 256 << 20
 
 
 def spark_eval(spark: SparkSession, table: pa.Table,
