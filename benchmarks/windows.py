@@ -2,7 +2,8 @@
 Spark's native streaming ``window()`` with a watermark.
 
     PYSPARK_PYTHON=$(which python) python benchmarks/windows.py \
-        [--goals 300000 --teams 1000 --files 30 --minutes 60 --out /tmp/octo-bench/windows]
+        [--goals 300000 --teams 1000 --files 30 --minutes 60 --out /tmp/octo-bench/windows] \
+        [--driver-rows N]
 
 Workload: ``--goals`` goal events from ``--teams`` teams over ``--minutes`` minutes of event
 time (in order but for up to 2 s of disorder), as ``--files`` parquet files; goals per team
@@ -13,6 +14,8 @@ when the watermark closes it:
   b) octo           ``FROM TUMBLE(goals, ts, INTERVAL '1' MINUTE) ... EMIT ON WINDOW CLOSE``,
                     one batch per file (changelog, current state and operator state in Delta);
   c) octo, 1 batch  the same, all files in one batch.
+octo runs with the default ``driver_rows`` unless ``--driver-rows`` is given (0: every batch
+on the Spark path).
 Each runs once on a small input first (warm-up, not timed), in one local[2] session. Times
 are the run's wall time (session start excluded) and the sum of its batches' times; octo's
 result is checked against Spark's batch query over the same rows, restricted to the windows
@@ -83,8 +86,8 @@ def run_spark(spark: Any, input_dir: Path, workdir: Path) -> dict[str, Any]:
     return {"wall_s": wall, "batch_sum_s": sum(batches), "batches": len(batches)}
 
 
-def run_octo_windows(spark: Any, input_dir: Path, workdir: Path, per_batch: int
-                     ) -> dict[str, Any]:
+def run_octo_windows(spark: Any, input_dir: Path, workdir: Path, per_batch: int,
+                     **options: Any) -> dict[str, Any]:
     """(b)/(c) octo with ``per_batch`` files a batch."""
     project = workdir / "project"
     (project / "sql").mkdir(parents=True, exist_ok=True)
@@ -98,7 +101,7 @@ def run_octo_windows(spark: Any, input_dir: Path, workdir: Path, per_batch: int
         "FROM TUMBLE(goals, ts, INTERVAL '1' MINUTE)\n"
         "GROUP BY window_start, window_end, team\nEMIT ON WINDOW CLOSE;\n")
     t0 = time.perf_counter()
-    report = run_octo(spark, project, workdir / "warehouse")
+    report = run_octo(spark, project, workdir / "warehouse", **options)
     wall = time.perf_counter() - t0
     secs = batch_seconds(report)
     return {"wall_s": wall, "batch_sum_s": sum(secs), "batches": len(secs),
@@ -119,14 +122,15 @@ def check(spark: Any, input_dir: Path, workdir: Path, watermark: int) -> bool:
 
 
 def measure(spark: Any, out: Path, *, goals: int, teams: int, files: int,
-            minutes: int) -> dict[str, Any]:
+            minutes: int, **options: Any) -> dict[str, Any]:
     input_dir = generate(out / "input", goals, teams, files, minutes)
     warm = generate(out / "warmup", 30_000, teams, 6, 10, seed=12)
     runs = out / "runs"
     shutil.rmtree(runs, ignore_errors=True)
     contenders = [("a) spark native", lambda d, w: run_spark(spark, d, w)),
-                  ("b) octo", lambda d, w: run_octo_windows(spark, d, w, 1)),
-                  ("c) octo, one batch", lambda d, w: run_octo_windows(spark, d, w, files))]
+                  ("b) octo", lambda d, w: run_octo_windows(spark, d, w, 1, **options)),
+                  ("c) octo, one batch",
+                   lambda d, w: run_octo_windows(spark, d, w, files, **options))]
     for i, (name, fn) in enumerate(contenders):
         log(f"[windows] warm-up {name}")
         fn(warm, runs / f"warmup-{i}")
@@ -166,12 +170,14 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--files", type=int, default=30)
     ap.add_argument("--minutes", type=int, default=60)
     ap.add_argument("--out", type=Path, default=Path("/tmp/octo-bench/windows"))
+    ap.add_argument("--driver-rows", type=int, default=None)
     args = ap.parse_args(argv)
+    options = {} if args.driver_rows is None else {"driver_rows": args.driver_rows}
     spark = session()
     try:
         env = env_info(spark)
         res = measure(spark, args.out, goals=args.goals, teams=args.teams, files=args.files,
-                      minutes=args.minutes)
+                      minutes=args.minutes, **options)
     finally:
         spark.stop()
     print(json.dumps(res["results"], indent=1))
