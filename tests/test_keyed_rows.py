@@ -99,7 +99,7 @@ def test_a_scan_keeps_the_values_it_does_not_compare():
     assert math.copysign(1.0, kept["x"][0].as_py()) == -1.0
 
 
-@pytest.mark.parametrize("bits", [1, 2])
+@pytest.mark.parametrize("bits", [1, 2, 4])
 def test_a_large_index_sorted_in_parts_is_sorted(monkeypatch, bits):
     """Above ``_PARALLEL_SORT`` hashes the index is sorted in parts by the top bits, in
     threads: the same order as one sort (duplicates, and every part's edge values)."""
