@@ -27,6 +27,7 @@ def _conf_pair(text: str) -> tuple[str, str]:
 
 def _parser() -> argparse.ArgumentParser:
     from octo_platform.runtime.driver import DEFAULT_DRIVER_ROWS
+    from octo_platform.runtime.operators.arrow import DRIVER_BYTES
 
     p = argparse.ArgumentParser(prog="octo", description="Streaming SQL on Spark and Delta Lake")
     sub = p.add_subparsers(dest="command", required=True)
@@ -56,7 +57,8 @@ def _parser() -> argparse.ArgumentParser:
     run.add_argument("--driver-rows", type=int, default=DEFAULT_DRIVER_ROWS, metavar="N",
                      help="batches of at most N input rows, and sink batches of at most N "
                      "events, run in the driver, with no Spark job (but one to read CSV or "
-                     f"delta inputs) (default: {DEFAULT_DRIVER_ROWS}; 0: never)")
+                     f"delta inputs), when their input is at most {DRIVER_BYTES >> 20} MiB "
+                     f"(default: {DEFAULT_DRIVER_ROWS}; 0: never)")
     run.add_argument("--interval", default="1 second",
                      help="trigger interval of a continuous run (default: 1 second)")
     run.add_argument("--parallel", type=int, default=3,

@@ -11,9 +11,8 @@ from decimal import Decimal
 import pyarrow as pa
 import pytest
 
+from octo_platform.local_frames import _LOCAL_RELATION as _THRESHOLD
 from octo_platform.local_frames import COLLECT_ROWS, collect_arrow, local_frame
-
-_THRESHOLD = "spark.sql.execution.arrow.localRelationThreshold"
 
 
 def _table(n: int) -> pa.Table:

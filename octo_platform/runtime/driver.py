@@ -66,7 +66,7 @@ __all__ = ["DEFAULT_DRIVER_ROWS", "plan_runs_in_driver", "input_rows",
            "run_in_driver", "Unsupported"]
 
 # Measured (benchmarks/README.md, "The driver path's bounds"): on 2 local cores the driver
-# path beat the Spark path at every batch size up to 1M rows, 3-10x.
+# path beat the Spark path at every batch size up to 1M rows, 2-9x.
 DEFAULT_DRIVER_ROWS = 1_000_000
 _KAFKA_RECORD_BYTES = 1024  # a Kafka record's bytes are not known before it is fetched
 _TEXT_BYTES_PER_ROW = 4096  # a text file bigger than this per allowed row is not counted

@@ -26,8 +26,9 @@ class RunOptions:
 
     ``warehouse``: directory or URI (default ``<project>/warehouse``); ``buckets``: state
     partitions of a new table; ``progress``: receives one line per batch (None: quiet);
-    ``driver_rows``: batches of at most this many input rows run in the driver, with no
-    Spark job but reading the input (0: every batch runs as Spark jobs).
+    ``driver_rows``: batches of at most this many input rows (and at most
+    ``operators.arrow.DRIVER_BYTES`` of input) run in the driver, with no Spark job but
+    reading the input (0: every batch runs as Spark jobs).
     """
 
     env: Environment
