@@ -3,7 +3,7 @@ its last commit (issue 9 target: ≤ 0.4 s).
 
     PYSPARK_PYTHON=$(which python) python benchmarks/one_row.py \
         [--history-events 100000 --warmup 3 --rows 9 --out /tmp/octo-bench/one_row] \
-        [--conf KEY=VALUE ...]
+        [--conf KEY=VALUE ...] [--driver-rows N]
 
 The table is Nexmark q4 (``auctions JOIN bids`` with a MAX per auction, then an AVG per
 category; see nexmark_joins.py) over Parquet sources with ``max_files_per_batch = '1'``.
@@ -14,7 +14,8 @@ above any reserve and any earlier bid, so every batch changes both aggregates an
 change events. The figure is the median of the last ``--rows`` batches' reported seconds
 (``BatchStats.seconds``: start of the batch to its last commit). Then one more one-row run is
 made with its Spark jobs counted, and one with nothing to do. Finally octo's result must equal
-the query run as a Spark batch job.
+the query run as a Spark batch job. ``--driver-rows 0`` runs every batch on the Spark path
+(octo's default runs these batches in the driver).
 """
 from __future__ import annotations
 
@@ -57,7 +58,8 @@ def _one_bid(auction: int, price: int, i: int) -> pa.Table:
 
 
 def measure(spark: Any, out: Path, *, history_events: int = 100_000, warmup: int = 3,
-            rows: int = 9, seed: int = 11) -> dict[str, Any]:
+            rows: int = 9, seed: int = 11, driver_rows: int | None = None) -> dict[str, Any]:
+    opts = {} if driver_rows is None else {"driver_rows": driver_rows}
     workdir = out / "runs"
     shutil.rmtree(workdir, ignore_errors=True)
     input_dir = workdir / "input"
@@ -66,7 +68,7 @@ def measure(spark: Any, out: Path, *, history_events: int = 100_000, warmup: int
     paths = nd.write_batch({k: data[k] for k in ("auctions", "bids")}, input_dir, 0)
     project = write_project(input_dir, workdir, {"q4": Q4})
     warehouse = workdir / "warehouse"
-    report = run_octo(spark, project, warehouse, ["q4"])
+    report = run_octo(spark, project, warehouse, ["q4"], **opts)
     log(f"[one_row] history: {data['auctions'].num_rows + data['bids'].num_rows} events, "
         f"{len(batch_seconds(report))} batch(es), {sum(batch_seconds(report)):.1f}s")
     files = {"auctions": [paths["auctions"]], "bids": [paths["bids"]]}
@@ -80,7 +82,7 @@ def measure(spark: Any, out: Path, *, history_events: int = 100_000, warmup: int
     n = warmup + rows
     for i in range(1, n + 1):
         add_bid(i)
-    run = run_octo(spark, project, warehouse, ["q4"])
+    run = run_octo(spark, project, warehouse, ["q4"], **opts)
     secs = batch_seconds(run)
     if len(secs) != n:
         raise RuntimeError(f"{n} one-row files gave {len(secs)} batches")
@@ -88,14 +90,14 @@ def measure(spark: Any, out: Path, *, history_events: int = 100_000, warmup: int
     log(f"[one_row] {rows} one-row batches (after {warmup} warm-up): median "
         f"{statistics.median(measured):.3f}s, all {[round(s, 3) for s in secs]}")
     add_bid(n + 1)
-    jobs, report = count_jobs(spark, lambda: run_octo(spark, project, warehouse, ["q4"]))
-    idle, _ = count_jobs(spark, lambda: run_octo(spark, project, warehouse, ["q4"]))
+    jobs, report = count_jobs(spark, lambda: run_octo(spark, project, warehouse, ["q4"], **opts))
+    idle, _ = count_jobs(spark, lambda: run_octo(spark, project, warehouse, ["q4"], **opts))
     want = baseline_result(spark, files, len(files["bids"]), "q4")
     got = octo_result(warehouse, "q4", list(want[0]) if want else [])
     correct = same_multiset(got, want)
     log(f"[one_row] one-row run: {jobs} Spark jobs, idle run {idle}; result equal={correct}")
     return {"params": {"history_events": history_events, "warmup": warmup, "rows": rows,
-                       "seed": seed},
+                       "seed": seed, "driver_rows": driver_rows},
             "batch_s": secs, "measured": stats(measured),
             "jobs_one_batch_run": jobs, "jobs_idle_run": idle,
             "runtime_jobs": batch_jobs(report), "runtime_jobs_measured": batch_jobs(run),
@@ -125,6 +127,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--rows", type=int, default=9)
     ap.add_argument("--seed", type=int, default=11)
     ap.add_argument("--out", type=Path, default=Path("/tmp/octo-bench/one_row"))
+    ap.add_argument("--driver-rows", type=int, default=None,
+                    help="octo's driver_rows (0: every batch on the Spark path)")
     ap.add_argument("--conf", action="append", default=[], metavar="KEY=VALUE",
                     help="a Spark setting for the session (repeatable), e.g. to compare "
                          "spark.sql.codegen.cache.maxEntries=100 with octo's default")
@@ -133,7 +137,7 @@ def main(argv: list[str] | None = None) -> int:
     try:
         env = env_info(spark)
         res = measure(spark, args.out, history_events=args.history_events, warmup=args.warmup,
-                      rows=args.rows, seed=args.seed)
+                      rows=args.rows, seed=args.seed, driver_rows=args.driver_rows)
     finally:
         spark.stop()
     return finish(args.out, res, env, targets(res), "issue 9 target (one-row batch)",

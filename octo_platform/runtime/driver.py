@@ -51,6 +51,7 @@ from octo_platform.runtime.operators.partition_kernel import OverKernel, Session
 from octo_platform.runtime.operators.spark_hash import hashable, spark_hash, spark_pmod
 from octo_platform.runtime.driver_inputs import LocalInputs, read_local
 from octo_platform.runtime.inputs import read_inputs, set_watermarks, settle_inputs
+from octo_platform.runtime.metrics import read_observed
 from octo_platform.runtime.current import current_key, files_by_bucket, kernel_covers, \
     merge_current
 from octo_platform.runtime.operators.tasks import read_bucket
@@ -146,6 +147,7 @@ def run_in_driver(pipe: TableRun, ctx: BatchContext, inputs: dict[str, Any], row
             df = ctx.inputs[src.name.lower()]
             tables[src.name.lower()] = (df.toArrow() if inputs.get(_key(src))
                                         else arrow_schema(df.schema).empty_table())
+        read_observed(ctx.watched)  # their counts (the records now computed)
     if not all(primitive(f.type) for t in tables.values() for f in t.schema):
         raise Unsupported("nested types")
     delta = evaluate(plan.root, lc, tables)

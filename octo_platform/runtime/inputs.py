@@ -66,17 +66,18 @@ def read_inputs(pipe: TableRun, ctx: BatchContext, inputs: dict[str, Any],
                 stats: BatchStats) -> list[_Observed]:
     """Register each source's weighted rows in ``ctx``.
 
-    Nothing is read here: record counts (good, bad, late) and each watermarked source's
-    latest event time are observed while the batch's write job reads the inputs
-    (``settle_inputs``), which saves a job and a cache per batch. ``stats.watermarks``
-    holds each input's watermark as the batch begins (from the previous commit): a
-    source's rows below it are late and become dead letters. An upstream table that
-    passes its watermark on gets its watermark as of the changelog version read. When
-    the table's windows close by the watermark, the batch's new watermark is needed
-    before it runs: a Parquet source's latest event time then comes from the files'
-    footers where they vouch for every record (``FileSource.latest_time``); other
-    watermarked sources' records are cached and their latest event time read with a job
-    of its own (``ctx.watermark``).
+    Nothing is read here: each input is a checkpoint (``BatchContext.checkpoint``) that
+    the batch's write job computes once, and its record counts (good, bad, late) and a
+    watermarked source's latest event time are observed by that job too, in a leg of
+    their own (``ctx.watched``, ``settle_inputs``), which saves a job per batch.
+    ``stats.watermarks`` holds each input's watermark as the batch begins (from the
+    previous commit): a source's rows below it are late and become dead letters. An
+    upstream table that passes its watermark on gets its watermark as of the changelog
+    version read. When the table's windows close by the watermark, the batch's new
+    watermark is needed before it runs: a Parquet source's latest event time then comes
+    from the files' footers where they vouch for every record (``FileSource.latest_time``);
+    other watermarked sources' records are computed, and their latest event time read, by
+    a job of its own (``ctx.watermark``).
     """
     watermarks = dict(stats.watermarks)
     observed: list[_Observed] = []
@@ -97,9 +98,9 @@ def read_inputs(pipe: TableRun, ctx: BatchContext, inputs: dict[str, Any],
                 rows = dsrc.changes(pipe.spark, got, table=pipe.name)
                 size += ALL_BUCKETS_BYTES if got and got["from"] is None else 0
             if got:
-                observed.append(_Observed.watch(src.name, rows, "count(1) AS good",
+                rows = ctx.checkpoint(rows)
+                observed.append(_Observed.watch(ctx, src.name, rows, "count(1) AS good",
                                                 "0L AS bad"))
-                rows = observed[-1].records
             ctx.inputs[src.name.lower()] = rows
             continue
         sdef = pipe.project.source(src.name)
@@ -115,10 +116,7 @@ def read_inputs(pipe: TableRun, ctx: BatchContext, inputs: dict[str, Any],
             files = (got or {}).get("files", [])
             size += sum(os.path.getsize(f) for f in files if os.path.exists(f))
             parsed = pipe.env.read_files(pipe.spark, fsrc, files)
-        records = parsed.records
-        if sdef.format == "csv":
-            # Spark refuses raw-CSV queries that read only the corrupt-record column.
-            records = ctx.persist(records)
+        records, kept = parsed.records, False
         exprs = ["count_if(_reason IS NULL) AS good", "count_if(_reason IS NOT NULL) AS bad"]
         if sdef.watermark is not None:
             records, timed = mark_late(records, sdef, watermarks.get(key))
@@ -129,13 +127,16 @@ def read_inputs(pipe: TableRun, ctx: BatchContext, inputs: dict[str, Any],
                         raise LookupError("a Kafka topic")
                     latest = fsrc.latest_time(files, sdef.watermark.column)
                 except LookupError:
-                    records = ctx.persist(records)
+                    records, kept = ctx.checkpoint(records), True
                     latest = records.selectExpr(timed).collect()[0][0]
                 after[key] = advanced(watermarks.get(key), latest, sdef.watermark.delay_us)
-        observed.append(_Observed.watch(src.name, records, *exprs, key=key,
+        # Read once, by the write job (or the watermark's job): its operators' frames and
+        # the counts' leg read the checkpoint (and a raw CSV query never reads the
+        # corrupt-record column alone, which Spark refuses).
+        records = records if kept else ctx.checkpoint(records)
+        observed.append(_Observed.watch(ctx, src.name, records, *exprs, key=key,
                                         watermark=sdef.watermark, before=watermarks.get(key),
                                         idle=not got))
-        records = observed[-1].records
         ctx.inputs[src.name.lower()] = parsed.rows(records.filter("_reason IS NULL"))
     # Any superset of the touched buckets is correct; a large batch touches them all.
     ctx.all_buckets = size > ALL_BUCKETS_BYTES
@@ -284,8 +285,12 @@ class _Observed:
     idle: bool = False  # nothing to read in this batch: every count is 0
 
     @classmethod
-    def watch(cls, source: str, records: DataFrame, *exprs: str, **how: Any) -> _Observed:
+    def watch(cls, ctx: BatchContext, source: str, records: DataFrame, *exprs: str,
+              **how: Any) -> _Observed:
+        """``records`` observed by the batch's write job (``ctx.watched``)."""
         observed, observation = observe(records, *exprs)
+        if not how.get("idle"):
+            ctx.watched.append(observed)
         return cls(source, observation, observed, exprs, **how)
 
     def counts(self) -> dict[str, int | None]:

@@ -2,6 +2,7 @@
 the job that reads the observed rows) and a count of the Spark jobs it ran."""
 from __future__ import annotations
 
+import functools
 import threading
 import uuid
 from typing import TYPE_CHECKING, Any
@@ -11,7 +12,7 @@ from octo_platform.sqltext import sql_expr
 if TYPE_CHECKING:
     from pyspark.sql import DataFrame, SparkSession
 
-__all__ = ["JobCounter", "observe", "metrics"]
+__all__ = ["JobCounter", "observe", "metrics", "unread", "read_observed"]
 
 
 class JobCounter:
@@ -44,3 +45,17 @@ def metrics(observation: Any, timeout: float = 5.0) -> dict[str, Any] | None:
     waiter.start()
     waiter.join(timeout)
     return got or None
+
+
+def unread(df: DataFrame) -> DataFrame:
+    """``df`` read to its end, no row kept: a leg of a job that must read an observed frame
+    (so that it reports its metrics). Spark can neither fold the condition away nor push
+    it below the observation."""
+    return df.where("spark_partition_id() < 0")
+
+
+def read_observed(frames: list[DataFrame]) -> None:
+    """One job that reads ``frames`` (observed ones), for their metrics."""
+    if frames:
+        functools.reduce(lambda a, b: a.unionByName(b),
+                         [unread(f).selectExpr("1 AS x") for f in frames]).collect()

@@ -45,11 +45,11 @@ def encode(pipe: TableRun, ctx: BatchContext, delta: DataFrame, ts_ms: int,
             table=pipe.name, batch=ctx.batch, ts_ms=ts_ms)
     events = events.selectExpr("*", f"{event_bucket(pipe)} AS {_CB}")
     if appends_current(pipe, pinned):  # written twice: to the changelog and the current state
-        return Events(ctx.persist(events), appended=True)
+        return Events(ctx.checkpoint(events), appended=True)
     if not kernel_covers(pipe, arrow_schema(events.schema["after"].dataType)):
         return Events(events)
     # The write job reads the events twice: for the changelog and for the current state.
-    events = ctx.persist(events)
+    events = ctx.checkpoint(events)
     return Events(events, current=current_output(pipe, events, _CB, ctx.batch, pinned))
 
 
@@ -108,7 +108,8 @@ def write_batch(pipe: TableRun, ctx: BatchContext, events: Events,
     if events.appended:
         outputs.append(Output("current", lay.current(pipe.name), events.unobserved.selectExpr(
             "after.*", f"{_CB} AS {BUCKET}"), bucketed=True))
-    return write_outputs(outputs, batch=ctx.batch, store=pipe.env.store, resumed=resumed)
+    return write_outputs(outputs, batch=ctx.batch, store=pipe.env.store, resumed=resumed,
+                         watched=ctx.watched)
 
 
 def appends_current(pipe: TableRun, pinned: dict[str, int | None]) -> bool:

@@ -22,6 +22,7 @@ from typing import TYPE_CHECKING, Any, Literal, TypeVar
 
 from octo_platform.columns import BUCKET
 from octo_platform.runtime.environment import Store
+from octo_platform.runtime.metrics import unread
 from octo_platform.sqltext import quote
 
 if TYPE_CHECKING:
@@ -35,7 +36,9 @@ APP_ID = "octo"
 _FILE_BATCH = re.compile(r"-b(\d{8,})-")  # a written file's name: <prefix>-b<batch>-<ids>
 # A file a task wrote: its path (relative to the table), size, rows, ``_bucket``, and the
 # distinct values of its output's ``report`` column; tagged with its output (``o``).
-WRITTEN_SCHEMA = "path STRING, size BIGINT, rows BIGINT, bucket INT, tags ARRAY<INT>"
+_WRITTEN_COLUMNS = (("path", "STRING"), ("size", "BIGINT"), ("rows", "BIGINT"),
+                    ("bucket", "INT"), ("tags", "ARRAY<INT>"))
+WRITTEN_SCHEMA = ", ".join(f"{c} {t}" for c, t in _WRITTEN_COLUMNS)
 _FILE_SCHEMA = f"o INT, {WRITTEN_SCHEMA}"
 T, R = TypeVar("T"), TypeVar("R")
 
@@ -78,11 +81,13 @@ class Written:
 
 
 def write_outputs(outputs: list[Output], *, batch: int, store: Store,
-                  resumed: bool = True) -> Written:
+                  resumed: bool = True, watched: list[DataFrame] | tuple = ()) -> Written:
     """Write and commit ``outputs`` as batch ``batch`` (one Spark job, one commit per table).
 
     ``resumed``: an earlier attempt of the batch may have committed some of the tables;
-    those that already hold the batch are left alone (a first attempt skips asking)."""
+    those that already hold the batch are left alone (a first attempt skips asking).
+    ``watched``: observed frames the job reads too (so it reports their metrics), each in
+    a leg that yields no row."""
     from pyspark.sql.pandas.types import to_arrow_schema
 
     done = {o.key for o in outputs
@@ -112,6 +117,9 @@ def write_outputs(outputs: list[Output], *, batch: int, store: Store,
         tasks = union.sparkSession.sparkContext.defaultParallelism
         jobs.insert(0, union.coalesce(tasks).mapInArrow(_writer(meta, store.opener()),
                                                         _FILE_SCHEMA))
+    jobs += [unread(w).selectExpr(
+        "CAST(-1 AS INT) AS o", *(f"CAST(NULL AS {t}) AS {c}" for c, t in _WRITTEN_COLUMNS))
+        for w in watched]
     files = functools.reduce(lambda a, b: a.unionByName(b), jobs).collect()
     keys = list(dict.fromkeys(o.key for o in todo))
     for key in keys:

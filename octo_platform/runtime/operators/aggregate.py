@@ -91,9 +91,9 @@ class Aggregate:
         node, ctx = self.node, self.ctx
         shape = self.shape(delta)
         if shape.ms_schemas:
-            delta = ctx.persist(delta)  # read by the multisets too
+            delta = ctx.checkpoint(delta)  # read by the multisets too
         grouped = delta.groupBy(*self.keys).agg(*[sql_expr(e) for e in shape.delta_exprs])
-        dagg = ctx.persist(grouped)
+        dagg = ctx.checkpoint(grouped)
         names = list(node.keys)
         alive = f"{COUNT} != 0" if self.keys else None  # a group whose count is 0 is gone
         old = latest(ctx.spark, ctx.state_log(node.id), shape.state_schema, names,
@@ -110,7 +110,7 @@ class Aggregate:
                  .selectExpr("d.*", f"r.r{i} AS r{i}"))
         on = " AND ".join(f"o.{k} <=> d.{k}" for k in self.keys) or "true"
         joined = old.alias("o").join(d.alias("d"), sql_expr(on), "full_outer")
-        table = ctx.persist(joined.selectExpr(*self.merge_exprs(shape)))
+        table = ctx.checkpoint(joined.selectExpr(*self.merge_exprs(shape)))
         # Every group the batch touched gets its new row (count 0: a tombstone).
         new_state = table.filter("_touched").selectExpr(
             *self.keys, f"n{COUNT} AS {COUNT}",
@@ -186,7 +186,7 @@ class Aggregate:
         a = node.aggs[i]
         table = node.multiset_table(i)
         x = quote(a.arg)
-        dv = ctx.persist(delta.filter(f"{x} IS NOT NULL")
+        dv = ctx.checkpoint(delta.filter(f"{x} IS NOT NULL")
                          .groupBy(*self.keys, sql_expr(f"{x} AS v"))
                          .agg(sql_expr(f"sum({W}) AS dcnt")))
         names = [*node.keys, "v"]
@@ -197,7 +197,7 @@ class Aggregate:
             ctx.spark, files, schema, names, full=full, alive=self.kept("cnt != 0")),
             list(node.keys))
         on = " AND ".join(f"o.{c} <=> d.{c}" for c in [*self.keys, "v"])
-        merged = ctx.persist(old.alias("o").join(dv.alias("d"), sql_expr(on), "full_outer")
+        merged = ctx.checkpoint(old.alias("o").join(dv.alias("d"), sql_expr(on), "full_outer")
                              .selectExpr(*[f"coalesce(o.{c}, d.{c}) AS {c}"
                                            for c in [*self.keys, "v"]],
                                          "coalesce(o.cnt, 0) + coalesce(d.dcnt, 0) AS cnt",

@@ -60,7 +60,10 @@ class BatchContext:
     memo: dict[str, Any] = field(default_factory=dict)  # per-pipeline, survives batches
     all_buckets: bool = False  # a large batch touches every bucket: skip finding which
     writes: list[StagedWrite] = field(default_factory=list)
-    persisted: list[DataFrame] = field(default_factory=list)
+    checkpoints: list[DataFrame] = field(default_factory=list)
+    # Observed frames (``metrics.observe``) the batch's write job reads, so that it
+    # reports their metrics: it reads each in a leg of its own that yields no row.
+    watched: list[DataFrame] = field(default_factory=list)
     # The table's watermark (µs since the epoch) as the batch began and after it (None:
     # none yet); windows whose end is at most ``watermark`` are closed by this batch.
     watermark_before: int | None = None
@@ -73,16 +76,23 @@ class BatchContext:
         """This batch moves the table's watermark: windows may close."""
         return self.watermark is not None and self.watermark != self.watermark_before
 
-    def persist(self, df: DataFrame) -> DataFrame:
-        df = df.persist()
-        self.persisted.append(df)
+    def checkpoint(self, df: DataFrame) -> DataFrame:
+        """``df``, computed once in the batch: a lazy local checkpoint (the first job that
+        computes its rows keeps them in the executors' block stores for the batch). Later
+        frames are planned over it as a leaf, not over its lineage: Spark analyses each new
+        frame over its whole plan, and a small batch's frames spent most of their JVM time
+        there; a cached frame (``persist``) keeps its lineage and adds a cache lookup to
+        every plan of the session. A checkpoint must not hold an ``observe``d frame: its
+        metrics would be reported, empty, as the checkpoint is set up (``watched``)."""
+        df = df.localCheckpoint(eager=False)
+        self.checkpoints.append(df)
         return df
 
     def release(self) -> None:
-        # Newest first: Spark re-plans the cached frames built on one it uncaches.
-        for df in reversed(self.persisted):
-            df.unpersist()
-        self.persisted.clear()
+        """Drop the batch's checkpoints' rows."""
+        for df in self.checkpoints:
+            df._jdf.queryExecution().analyzed().rdd().unpersist(False)
+        self.checkpoints.clear()
 
     def read_state(self, table: str, schema: StructType, buckets: set[int]) -> DataFrame:
         files = self.state_files(table, buckets)
@@ -163,7 +173,7 @@ class PartitionRows:
         """The batch's rows (consolidated), and the touched buckets' rows before and after
         it (weighted, ``_w``); None when the batch touches nothing."""
         ctx = self.ctx
-        d = ctx.persist(consolidate(delta, self.cols).selectExpr(
+        d = ctx.checkpoint(consolidate(delta, self.cols).selectExpr(
             "*", f"{self.bucket} AS {BUCKET}"))
         self.touched = touched_buckets(ctx, d, keyed=bool(self.partition))
         if not self.touched:
@@ -171,7 +181,7 @@ class PartitionRows:
         d = d.drop(BUCKET)
         stored = ctx.read_state(self.table, side_schema(delta.schema, self.names), self.touched)
         old = stored.toDF(*self.names, WEIGHT)
-        return d, old, ctx.persist(consolidate(old.unionByName(d), self.cols))
+        return d, old, ctx.checkpoint(consolidate(old.unionByName(d), self.cols))
 
     def store(self, keep: DataFrame) -> None:
         """Stage ``keep`` (weighted rows of the touched buckets) as their new contents."""

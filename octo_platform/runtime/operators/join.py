@@ -88,7 +88,7 @@ class Join:
                   "r": rdelta.toDF(*self.names["r"], "_rw")}
         types = self.key_types(frames["l"], frames["r"])
         schemas = {s: frames[s].schema for s in "lr"}
-        delta = {s: ctx.persist(self.with_keys(consolidate(
+        delta = {s: ctx.checkpoint(self.with_keys(consolidate(
             frames[s], [quote(n) for n in self.names[s]], f"_{s}w"), s, types)) for s in "lr"}
         keys = delta["l"].select(*self.kcols("l")).union(delta["r"].select(*self.kcols("r")))
         touched = touched_buckets(ctx, keys.selectExpr(
@@ -160,7 +160,7 @@ class Join:
             mine = old[s].join(keys, sql_expr(same), "left_semi")
             both = mine.selectExpr("*", f"_{s}w AS _{s}o", "false AS _d").unionByName(
                 delta[s].selectExpr("*", f"0 AS _{s}o", "true AS _d"))
-            rows[s] = self.ctx.persist(both.groupBy(*self.cols(s)).agg(
+            rows[s] = self.ctx.checkpoint(both.groupBy(*self.cols(s)).agg(
                 sql_expr(f"sum(_{s}o) AS _{s}o"), sql_expr(f"sum(_{s}w) AS _{s}n"),
                 sql_expr(f"max(_d) AS _{s}d")))
         return rows

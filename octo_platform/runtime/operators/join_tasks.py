@@ -81,7 +81,7 @@ def run_join(node: PJoin, ctx: BatchContext, ldelta: DataFrame, rdelta: DataFram
         "*", f"{bucket_sql(op.stored_keys(s), ctx.buckets)} AS {BUCKET}") for s in "lr"]
     sides[0] = visits(sides[0], COUNT, due[0] | due[1])  # due compactions run in their bucket
     grouped = [side.groupBy(BUCKET) for side in sides]
-    out = ctx.persist(grouped[0].cogroup(grouped[1]).applyInArrow(
+    out = ctx.checkpoint(grouped[0].cogroup(grouped[1]).applyInArrow(
         functools.partial(_run, task), schema))
     rows = stage_logs(ctx, out, tables, due)
     if node.residual and node.kind not in ("semi", "anti"):

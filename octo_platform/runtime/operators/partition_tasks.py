@@ -64,7 +64,7 @@ def run_partitioned(node: PTopN | PSession, ctx: BatchContext, delta: DataFrame
     task = _PartitionTask(step, log, arrow_schema(stored), weighted, arrow_schema(schema),
                           ctx.reader, ctx.watermark)
     rows = rows.selectExpr("*", f"{bucket_sql(node.partition, ctx.buckets)} AS {BUCKET}")
-    out = ctx.persist(rows.groupBy(BUCKET).applyInArrow(functools.partial(_run, task),
+    out = ctx.checkpoint(rows.groupBy(BUCKET).applyInArrow(functools.partial(_run, task),
                                                         schema))
     ctx.writes.append(StagedWrite(
         node.id, out.filter(f"{PART} = 2").selectExpr("s0.*", BUCKET), None, bucketed=True,

@@ -64,7 +64,7 @@ class Sessions:
         if loaded is None:
             return self.assign(delta.limit(0))
         d, old, new = loaded
-        assigned = ctx.persist(self.assign(new))  # every row of the touched buckets
+        assigned = ctx.checkpoint(self.assign(new))  # every row of the touched buckets
         keep = new
         if node.closes and ctx.watermark is not None:  # closed sessions are final
             end = quote(WINDOW_COLUMNS[1])
