@@ -2,11 +2,10 @@
 
 The tests marked ``processes`` (see ``pyproject.toml``) spend most of their time waiting on
 other processes: `octo run` subprocesses starting their JVMs and being SIGKILLed, a Kafka
-broker, `dagster dev` and its daemon's loops, Spark's Python workers killed and replaced.
-Alone they kept about one of this machine's two cores busy (450 s of wall time, 425
-core-seconds). They run in their own pytest process beside the rest, which keeps the cores
-busy with in-process Spark work; each process has its own SparkSession and its own
-temporary directory. The two should end together: the suite lasts as long as the longer.
+broker, `dagster dev` and its daemon's loops. Alone they kept about one of this machine's
+two cores busy (450 s of wall time, 425 core-seconds). They run in their own pytest process
+beside the rest, which keeps the cores busy with in-process Spark work; each process has
+its own SparkSession and its own temporary directory.
 
 Delta's jars are fetched (Maven Central, then cached) by one session before the two start,
 so two JVMs never resolve them into the same Ivy cache at once.

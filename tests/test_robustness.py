@@ -246,9 +246,6 @@ def test_an_oracle_run_on_a_saturated_cpu_is_exactly_once(spark, tmp_path, cpu_h
           *report.retries, sep="\n  ")
 
 
-# Kill Spark's Python processes and wait for their replacements: these run beside the rest
-# (tests/suite.py), where they also even out the suite's two halves.
-@pytest.mark.processes
 def test_killed_python_workers_are_replaced_and_the_run_is_exactly_once(spark, tmp_path,
                                                                         monkeypatch):
     """Right after the first batch of ``per_k`` commits, every Python process Spark runs for
@@ -344,7 +341,6 @@ class _Deadline(float):
         return not self.event.is_set() and float(self) > now
 
 
-@pytest.mark.processes
 def test_a_continuous_run_replaces_a_query_whose_source_runner_died(spark, tmp_path):
     """Continuous mode: the query's source runner is killed after the first batch; the
     query is replaced and processes the files that arrive afterwards, exactly once."""
