@@ -14,8 +14,9 @@ Arguments go to both pytest processes. The exit status is non-zero if either fai
 output of the ``processes`` part follows the other's. Measured in a clean clone (`time make
 test`, install included): 18.8 min as one process, 14.7-16.3 min as two (the rest's tests
 814-902 s, the ``processes`` part's 745-802 s, both slower than alone: 450 s for the
-``processes`` part, about 613 s for the rest; the CPU now busy); 12.4 min (678 s / 662 s)
-once the Spark path's reused frames became checkpoints (benchmarks/README.md).
+``processes`` part, about 613 s for the rest; the CPU now busy); 11.8-12.5 min (the
+rest 643-685 s, ``processes`` 623-662 s) once the Spark path's reused frames became
+checkpoints (benchmarks/README.md).
 """
 from __future__ import annotations
 
