@@ -6,8 +6,11 @@ from collections import Counter
 
 import pyarrow as pa
 import pyarrow.parquet as pq
+import pytest
 from deltalake import DeltaTable
 
+from octo_platform.runtime import inputs
+from octo_platform.runtime.metrics import metrics
 from octo_platform.runtime.runner import run_tables
 from octo_platform.wiring import default_options
 from tests.oracle import current
@@ -30,7 +33,18 @@ CREATE STREAMING TABLE cdc_rows AS SELECT id, name, amount FROM d;
 """
 
 
-def test_formats_and_dead_letters(spark, tmp_path):
+@pytest.mark.parametrize("driver_rows", [None, 0], ids=["default", "spark"])
+def test_formats_and_dead_letters(spark, tmp_path, monkeypatch, driver_rows):
+    # Each input's counts come with the job that reads it (observed), never from a job of
+    # their own after waiting for metrics that do not come: on the Spark path, and where
+    # the driver path reads CSV with Spark.
+    missed = []
+
+    def observed(observation, timeout: float = 5.0):
+        got = metrics(observation, timeout)
+        missed.extend([observation] if got is None else [])
+        return got
+    monkeypatch.setattr(inputs, "metrics", observed)
     (tmp_path / "sql").mkdir()
     (tmp_path / "sql" / "s.sql").write_text(SQL)
     for sub in "jcpd":
@@ -57,8 +71,11 @@ def test_formats_and_dead_letters(spark, tmp_path):
     ]
     (tmp_path / "data/d/1.json").write_text("\n".join(json.dumps(e) for e in events) + "\n")
 
-    report = run_tables(spark, tmp_path, options=default_options(progress=None), until_idle=True)
+    options = default_options(progress=None, **({} if driver_rows is None else
+                                                {"driver_rows": driver_rows}))
+    report = run_tables(spark, tmp_path, options=options, until_idle=True)
     assert report.dead_letters == 2 + 2 + 1 + 3 + 3  # j, c, p, d; d feeds two tables
+    assert not missed, f"{len(missed)} inputs' counts did not come with their job"
 
     got = current(tmp_path / "warehouse", "all_rows")
     assert got == Counter({("j", 1, "a", 1.5): 1, ("j", 4, None, None): 1,
