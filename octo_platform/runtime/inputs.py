@@ -116,24 +116,23 @@ def read_inputs(pipe: TableRun, ctx: BatchContext, inputs: dict[str, Any],
             files = (got or {}).get("files", [])
             size += sum(os.path.getsize(f) for f in files if os.path.exists(f))
             parsed = pipe.env.read_files(pipe.spark, fsrc, files)
-        records, kept = parsed.records, False
+        records = parsed.records
         exprs = ["count_if(_reason IS NULL) AS good", "count_if(_reason IS NOT NULL) AS bad"]
         if sdef.watermark is not None:
             records, timed = mark_late(records, sdef, watermarks.get(key))
             exprs += [f"count_if(startswith(_reason, '{LATE}')) AS late", timed]
-            if pipe.table.physical.closes_windows:  # windows close in this batch: its
-                try:  # watermark is needed before it runs: from Parquet footers, or a job
-                    if fsrc is None:
-                        raise LookupError("a Kafka topic")
-                    latest = fsrc.latest_time(files, sdef.watermark.column)
-                except LookupError:
-                    records, kept = ctx.checkpoint(records), True
-                    latest = records.selectExpr(timed).collect()[0][0]
-                after[key] = advanced(watermarks.get(key), latest, sdef.watermark.delay_us)
         # Read once, by the write job (or the watermark's job): its operators' frames and
         # the counts' leg read the checkpoint (and a raw CSV query never reads the
         # corrupt-record column alone, which Spark refuses).
-        records = records if kept else ctx.checkpoint(records)
+        records = ctx.checkpoint(records)
+        if sdef.watermark is not None and pipe.table.physical.closes_windows:
+            try:  # windows close in this batch: its watermark is needed before it runs:
+                if fsrc is None:  # from Parquet footers, or a job
+                    raise LookupError("a Kafka topic")
+                latest = fsrc.latest_time(files, sdef.watermark.column)
+            except LookupError:
+                latest = records.selectExpr(timed).collect()[0][0]
+            after[key] = advanced(watermarks.get(key), latest, sdef.watermark.delay_us)
         observed.append(_Observed.watch(ctx, src.name, records, *exprs, key=key,
                                         watermark=sdef.watermark, before=watermarks.get(key),
                                         idle=not got))

@@ -187,8 +187,8 @@ class Aggregate:
         table = node.multiset_table(i)
         x = quote(a.arg)
         dv = ctx.checkpoint(delta.filter(f"{x} IS NOT NULL")
-                         .groupBy(*self.keys, sql_expr(f"{x} AS v"))
-                         .agg(sql_expr(f"sum({W}) AS dcnt")))
+                            .groupBy(*self.keys, sql_expr(f"{x} AS v"))
+                            .agg(sql_expr(f"sum({W}) AS dcnt")))
         names = [*node.keys, "v"]
         # Every value of every group the batch touches (also groups whose Δ values are NULL).
         old = latest(ctx.spark, ctx.state_log(table), schema, names,
@@ -198,10 +198,10 @@ class Aggregate:
             list(node.keys))
         on = " AND ".join(f"o.{c} <=> d.{c}" for c in [*self.keys, "v"])
         merged = ctx.checkpoint(old.alias("o").join(dv.alias("d"), sql_expr(on), "full_outer")
-                             .selectExpr(*[f"coalesce(o.{c}, d.{c}) AS {c}"
-                                           for c in [*self.keys, "v"]],
-                                         "coalesce(o.cnt, 0) + coalesce(d.dcnt, 0) AS cnt",
-                                         "d.dcnt IS NOT NULL AS _changed"))
+                                .selectExpr(*[f"coalesce(o.{c}, d.{c}) AS {c}"
+                                              for c in [*self.keys, "v"]],
+                                            "coalesce(o.cnt, 0) + coalesce(d.dcnt, 0) AS cnt",
+                                            "d.dcnt IS NOT NULL AS _changed"))
         ctx.append_log(table, merged.filter("_changed").selectExpr(
             *self.keys, "v", "cnt", f"CAST({ctx.batch} AS BIGINT) AS {BATCH}"), list(node.keys))
         fn = "count" if a.func == "count" else a.func

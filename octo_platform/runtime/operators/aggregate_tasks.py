@@ -84,7 +84,7 @@ def run_aggregate(node: PAggregate, ctx: BatchContext, delta: DataFrame) -> Data
         visited.add(0)  # over no input rows
     rows = visits(rows, WEIGHT, visited)
     out = ctx.checkpoint(rows.groupBy(BUCKET).applyInArrow(functools.partial(_run, task), schema))
-    # Persisted as plain columns: the output's SQL over struct fields made Spark's optimizer
+    # Checkpointed as plain columns: the output's SQL over struct fields made Spark's optimizer
     # inline them into every expression (planning ran out of memory for ten aggregates).
     accs = ctx.checkpoint(stage_logs(ctx, out, tables, due))
     return op.rows(accs, shape, "n") if node.emit_on_close else op.output(accs, shape)

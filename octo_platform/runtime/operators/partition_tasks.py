@@ -65,7 +65,7 @@ def run_partitioned(node: PTopN | PSession, ctx: BatchContext, delta: DataFrame
                           ctx.reader, ctx.watermark)
     rows = rows.selectExpr("*", f"{bucket_sql(node.partition, ctx.buckets)} AS {BUCKET}")
     out = ctx.checkpoint(rows.groupBy(BUCKET).applyInArrow(functools.partial(_run, task),
-                                                        schema))
+                                                           schema))
     ctx.writes.append(StagedWrite(
         node.id, out.filter(f"{PART} = 2").selectExpr("s0.*", BUCKET), None, bucketed=True,
         reported=out.filter(f"{PART} = {_NAMED}").selectExpr(
