@@ -13,7 +13,7 @@ A table with deletion vectors or column mapping (which delta-rs's reader cannot 
 by Spark's Delta reader instead, at the pinned versions (time travel): the snapshot, the
 change data feed where the table has it and no column was renamed or dropped between the two
 versions (Delta refuses that read), otherwise the difference of the two versions' rows
-(``EXCEPT ALL`` both ways: a read of both snapshots).
+(each row's count in the newer snapshot minus its count in the older: one read of each).
 """
 from __future__ import annotations
 
@@ -101,8 +101,6 @@ class DeltaSource:
     def spark_changes(self, spark: SparkSession, info: dict[str, Any], names: dict[str, str],
                       start: int | None, end: int, has_cdf: bool, table: str) -> DataFrame:
         """Weighted rows between two versions, read by Spark's Delta reader."""
-        cols = [quote(c) for c in dict.fromkeys(names.values())]
-
         def at(version: int) -> DataFrame:
             return spark.read.format("delta").option("versionAsOf", version).load(self.path)
 
@@ -118,9 +116,15 @@ class DeltaSource:
                     .option("startingVersion", start + 1).option("endingVersion", end)
                     .load(self.path))
             return self.weighted(feed, names, CDF_WEIGHT)
-        old, new = at(start).selectExpr(*cols), at(end).selectExpr(*cols)
-        return self.weighted(new.exceptAll(old), names, "1").unionByName(
-            self.weighted(old.exceptAll(new), names, "-1"))
+        # Each row's count at ``end`` minus its count at ``start`` (rows a rewrite carried
+        # over cancel): one read of each version, where EXCEPT ALL both ways read each twice
+        # (planning a read, Delta's snapshot of its version, is most of the cost: a lazy
+        # checkpoint of the diff took 1.3-1.4 s that way, 0.8-0.9 s this way).
+        both = self.weighted(at(end), names, "1").unionByName(
+            self.weighted(at(start), names, "-1"))
+        w = quote(WEIGHT)
+        return both.groupBy(*[quote(c) for c in self.columns]).agg(
+            sql_expr(f"sum({w}) AS {w}")).filter(f"{w} != 0")
 
     def files_diff(self, spark: SparkSession, info: dict[str, Any], names: dict[str, str],
                    start: int | None, end: int, table: str) -> DataFrame:
