@@ -167,9 +167,9 @@ def run_in_driver(pipe: TableRun, ctx: BatchContext, inputs: dict[str, Any], row
         dead = pa.concat_tables(local.dead)
         n = dead.num_rows
         outputs.append(LocalOutput("dead_letters", lay.dead_letters(pipe.name), dead.append_column(
-            "table", pa.array([pipe.name] * n, pa.string())).append_column(
-            "batch_id", pa.array([ctx.batch] * n, pa.int64())).append_column(
-            "ts_ms", pa.array([ts_ms] * n, pa.int64()))))
+            "table", pa.repeat(pa.scalar(pipe.name, pa.string()), n)).append_column(
+            "batch_id", pa.repeat(pa.scalar(ctx.batch, pa.int64()), n)).append_column(
+            "ts_ms", pa.repeat(pa.scalar(ts_ms, pa.int64()), n))))
     versions = write_local(outputs, batch=ctx.batch, store=pipe.env.store)
     lc.settle(versions)
     stats.events = {c["values"]: c["counts"]
@@ -177,8 +177,9 @@ def run_in_driver(pipe: TableRun, ctx: BatchContext, inputs: dict[str, Any], row
     if local is not None:
         local.settle(stats)
     else:
-        write_dead_letters(pipe, settle_inputs(observed, stats), ctx.batch, ts_ms,
-                           resumed=False)
+        settle_inputs(observed, stats)
+        if stats.dead_letters:
+            write_dead_letters(pipe, ctx.dead_letters, ctx.batch, ts_ms, resumed=False)
     return versions
 
 
@@ -337,10 +338,14 @@ def _pairs(delta: pa.Table, columns: list[str], pk: tuple[str, ...] | None,
 
 
 def _images(rows: pa.Table, image: pa.StructType, missing: Any) -> pa.Array:
-    """``rows`` as a struct array of ``image``, NULL where ``missing`` (booleans)."""
+    """``rows`` as a struct array of ``image``, NULL where ``missing`` (booleans: numpy's
+    or Arrow's)."""
+    if isinstance(missing, pa.ChunkedArray):  # pa.array() would take it value by value
+        missing = missing.combine_chunks()
+    elif not isinstance(missing, pa.Array):
+        missing = pa.array(missing, pa.bool_())
     return pa.StructArray.from_arrays([rows.column(f.name).combine_chunks().cast(f.type)
-                                       for f in image], fields=list(image),
-                                      mask=pa.array(missing, pa.bool_()))
+                                       for f in image], fields=list(image), mask=missing)
 
 
 def _pairs_of_rows(delta: pa.Table, columns: list[str], pk: tuple[str, ...] | None,

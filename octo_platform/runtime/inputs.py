@@ -77,10 +77,13 @@ def read_inputs(pipe: TableRun, ctx: BatchContext, inputs: dict[str, Any],
     watermark is needed before it runs: a Parquet source's latest event time then comes
     from the files' footers where they vouch for every record (``FileSource.latest_time``);
     other watermarked sources' records are computed, and their latest event time read, by
-    a job of its own (``ctx.watermark``).
+    a job of its own (``ctx.watermark``). Each input's bad records become the batch's
+    dead letters (``ctx.dead_letters``), which the write job writes too.
     """
     watermarks = dict(stats.watermarks)
     observed: list[_Observed] = []
+    ctx.watched.clear()  # an earlier read of the batch (the driver path's) is not written
+    ctx.dead_letters.clear()
     size = 0
     after: dict[str, int | None] = {}  # sources' watermarks after the batch, if needed now
     for src in pipe.table.physical.sources:
@@ -125,6 +128,10 @@ def read_inputs(pipe: TableRun, ctx: BatchContext, inputs: dict[str, Any],
         # the counts' leg read the checkpoint (and a raw CSV query never reads the
         # corrupt-record column alone, which Spark refuses).
         records = ctx.checkpoint(records)
+        if got:
+            ctx.dead_letters.append(records.filter("_reason IS NOT NULL").selectExpr(
+                "_raw AS raw", "_file AS source_file",
+                "'{}' AS source".format(src.name.replace("'", "''")), "_reason AS reason"))
         if sdef.watermark is not None and pipe.table.physical.closes_windows:
             try:  # windows close in this batch: its watermark is needed before it runs:
                 if fsrc is None:  # from Parquet footers, or a job
@@ -183,10 +190,9 @@ def advanced(before: int | None, latest: int | None, delay_us: int) -> int | Non
     return max(marks) if marks else None
 
 
-def settle_inputs(observed: list[_Observed], stats: BatchStats) -> list[DataFrame]:
+def settle_inputs(observed: list[_Observed], stats: BatchStats) -> None:
     """Good/bad/late record counts and each watermarked source's new watermark (observed
-    while the batch's write job read the inputs), and the dead-letter frames."""
-    dead: list[DataFrame] = []
+    while the batch's write job read the inputs)."""
     for o in observed:
         counts = o.counts()
         stats.rows_in += counts["good"]
@@ -196,11 +202,6 @@ def settle_inputs(observed: list[_Observed], stats: BatchStats) -> list[DataFram
             mark = advanced(o.before, counts["latest"], o.watermark.delay_us)
             if mark is not None:
                 stats.watermarks[o.key] = mark
-        if counts["bad"]:
-            dead.append(o.records.filter("_reason IS NOT NULL").selectExpr(
-                "_raw AS raw", "_file AS source_file", f"'{o.source}' AS source",
-                "_reason AS reason"))
-    return dead
 
 
 def commit_kafka_offsets(pipe: TableRun, inputs: dict[str, Any]) -> None:

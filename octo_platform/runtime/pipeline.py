@@ -38,7 +38,7 @@ from octo_platform.runtime.metrics import JobCounter
 from octo_platform.runtime.offsets import BatchLog, source_key
 from octo_platform.runtime.operators import BatchContext, evaluate
 from octo_platform.runtime.publish import RECOMPUTED, publish_recomputed
-from octo_platform.runtime.sink import encode, update_current, write_batch, write_dead_letters
+from octo_platform.runtime.sink import encode, update_current, write_batch
 from octo_platform.runtime.sinks import SinkRunner, SinkStats
 from octo_platform.runtime.state_log import STATE_FORMAT
 from octo_platform.runtime.stats import BatchStats
@@ -187,8 +187,7 @@ class Pipeline:
             if versions is None:
                 observed = read_inputs(self, ctx, inputs, stats)
                 versions = self.spark_batch(ctx, pinned, ts_ms, stats, resumed=resumed)
-                write_dead_letters(self, settle_inputs(observed, stats), batch, ts_ms,
-                                   resumed=resumed)
+                settle_inputs(observed, stats)
         finally:
             ctx.release()
             stats.spark_jobs = jobs.stop()
@@ -212,7 +211,7 @@ class Pipeline:
         """Run the batch's operators and writes as Spark jobs; the new table versions."""
         delta = evaluate(self.table.physical.root, ctx)
         events = encode(self, ctx, delta, ts_ms, pinned)
-        written = write_batch(self, ctx, events, pinned, resumed=resumed)
+        written = write_batch(self, ctx, events, pinned, ts_ms, resumed=resumed)
         versions = {**pinned, **written.versions}
         versions["current"] = update_current(self, ctx.batch, events, written, pinned,
                                              resumed=resumed)

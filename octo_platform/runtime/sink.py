@@ -85,9 +85,9 @@ def event_bucket(pipe: TableRun) -> str:
 
 
 def write_batch(pipe: TableRun, ctx: BatchContext, events: Events,
-                pinned: dict[str, int | None], *, resumed: bool) -> Written:
-    """Write the batch's changelog and operator state in one Spark job and commit each
-    table once (idempotently; ``resumed`` as in ``write_outputs``)."""
+                pinned: dict[str, int | None], ts_ms: int, *, resumed: bool) -> Written:
+    """Write the batch's changelog, operator state and dead letters in one Spark job and
+    commit each table once (idempotently; ``resumed`` as in ``write_outputs``)."""
     lay = pipe.layout
     outputs = []
     for w in ctx.writes:
@@ -108,6 +108,8 @@ def write_batch(pipe: TableRun, ctx: BatchContext, events: Events,
     if events.appended:
         outputs.append(Output("current", lay.current(pipe.name), events.unobserved.selectExpr(
             "after.*", f"{_CB} AS {BUCKET}"), bucketed=True))
+    bad = dead_letters(pipe, ctx.dead_letters, ctx.batch, ts_ms)
+    outputs += [bad] if bad is not None else []
     return write_outputs(outputs, batch=ctx.batch, store=pipe.env.store, resumed=resumed,
                          watched=ctx.watched)
 
@@ -168,17 +170,26 @@ def update_current(pipe: TableRun, batch: int, events: Events, written: Written,
                          batch=batch, store=store, resumed=resumed).versions["current"]
 
 
-def write_dead_letters(pipe: TableRun, dead: list[DataFrame], batch: int, ts_ms: int, *,
-                       resumed: bool) -> None:
-    """Append the batch's bad records (if any) to the table's dead-letter table."""
+def dead_letters(pipe: TableRun, dead: list[DataFrame], batch: int,
+                 ts_ms: int) -> Output | None:
+    """The batch's bad records (``BatchContext.dead_letters``) for the table's dead-letter
+    table, committed only if there are any."""
     if not dead:
-        return
+        return None
     name = pipe.name.replace("'", "''")
     rows = reduce(lambda a, b: a.unionByName(b), dead).selectExpr(
         "raw", "source_file", "source", "reason", f"'{name}' AS table",
         f"CAST({batch} AS BIGINT) AS batch_id", f"CAST({ts_ms} AS BIGINT) AS ts_ms")
-    write_outputs([Output("dead_letters", pipe.layout.dead_letters(pipe.name), rows)],
-                  batch=batch, store=pipe.env.store, resumed=resumed)
+    return Output("dead_letters", pipe.layout.dead_letters(pipe.name), rows, if_any=True)
+
+
+def write_dead_letters(pipe: TableRun, dead: list[DataFrame], batch: int, ts_ms: int, *,
+                       resumed: bool) -> None:
+    """Append the batch's bad records (if any) to the table's dead-letter table, in a job
+    of their own."""
+    out = dead_letters(pipe, dead, batch, ts_ms)
+    if out is not None:
+        write_outputs([out], batch=batch, store=pipe.env.store, resumed=resumed)
 
 
 def _sum_weight():

@@ -169,6 +169,7 @@ class SinkRunner:
     def local_events(self, first: int | None, last: int) -> pa.Table | None:
         """``events`` read with Arrow in the driver, when they are at most ``driver_rows``
         rows and ``DRIVER_BYTES`` of local files; else None."""
+        import numpy as np
         import pyarrow as pa
         import pyarrow.parquet as pq
 
@@ -180,7 +181,7 @@ class SinkRunner:
         schema = self.env.store.arrow_schema(self.changelog)  # either path's files as one
         return pa.concat_tables([
             pq.read_table(p).cast(schema).append_column(
-                "_seq", pa.array(range(base, base + int(f["rows"])), pa.int64()))
+                "_seq", pa.array(np.arange(base, base + int(f["rows"]), dtype=np.int64)))
             for (f, base), p in zip(added, paths)])
 
     def _added(self, first: int | None, last: int) -> list[tuple[dict[str, Any], int]]:

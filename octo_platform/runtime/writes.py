@@ -56,7 +56,8 @@ class Output:
     buckets output ``replace_reported`` reported (and is skipped when that is none and the
     output wrote nothing, the table existing); ``written``: ``frame`` holds files its
     tasks wrote into the table (``WRITTEN_SCHEMA``), not rows, and this is the table's
-    schema. Outputs with the same ``key`` go to one commit."""
+    schema; ``if_any``: no commit when the output has no rows. Outputs with the same ``key``
+    go to one commit."""
 
     key: str
     path: str
@@ -68,6 +69,7 @@ class Output:
     report: str | None = None
     replace_reported: str | None = None
     written: pa.Schema | None = None
+    if_any: bool = False
 
 
 @dataclass
@@ -136,6 +138,8 @@ def write_outputs(outputs: list[Output], *, batch: int, store: Store,
         if first.replace_reported is not None and not added and not any(replaced) \
                 and (version := store.version(first.path)) is not None:
             written.versions[key] = version  # nothing changed: no commit
+            continue
+        if first.if_any and not added:
             continue
         schema = schemas[mine[0]]
         if first.report:

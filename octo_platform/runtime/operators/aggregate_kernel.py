@@ -130,7 +130,7 @@ class AggregateStep:
             elif name == f"n{COUNT}" or (name[0] == "n" and name[1:] in before.column_names):
                 cols[name] = untouched[name[1:]]
             elif name == "_touched":
-                cols[name] = pa.array([True] * n, pa.bool_())
+                cols[name] = pa.repeat(pa.scalar(True), n)
         rows = concat([touched, pa.table(cols)], table.schema)
         rows = rows.filter(pc.greater(rows[f"n{COUNT}"], 0))
         for name in olds:
@@ -270,7 +270,7 @@ def live_rows(stored: pa.Table, files: list[StateFile], keys: list[str], alive: 
 
 
 def with_batch_column(table: pa.Table, batch: int) -> pa.Table:
-    return table.append_column(BATCH, pa.array([batch] * table.num_rows, pa.int64()))
+    return table.append_column(BATCH, pa.repeat(pa.scalar(batch, pa.int64()), table.num_rows))
 
 
 def _prefixed(table: pa.Table, prefix: str) -> pa.Table:

@@ -96,7 +96,8 @@ def safe_keys(table: pa.Table, keys: list[str], prefix: str) -> tuple[pa.Table, 
         table = table.append_column(filled, pc.fill_null(col, _zero(col.type)))
         cols += [flag, filled]
     if not keys:  # a global aggregate: one group
-        table = table.append_column(f"{prefix}g", pa.array([0] * table.num_rows, pa.int8()))
+        table = table.append_column(f"{prefix}g",
+                                    pa.repeat(pa.scalar(0, pa.int8()), table.num_rows))
         cols.append(f"{prefix}g")
     return table, cols
 

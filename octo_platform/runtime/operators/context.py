@@ -64,6 +64,9 @@ class BatchContext:
     # Observed frames (``metrics.observe``) the batch's write job reads, so that it
     # reports their metrics: it reads each in a leg of its own that yields no row.
     watched: list[DataFrame] = field(default_factory=list)
+    # Each input's bad records, as dead letters (``sink.DEAD_LETTER_COLUMNS``): the write
+    # job writes them too.
+    dead_letters: list[DataFrame] = field(default_factory=list)
     # The table's watermark (µs since the epoch) as the batch began and after it (None:
     # none yet); windows whose end is at most ``watermark`` are closed by this batch.
     watermark_before: int | None = None

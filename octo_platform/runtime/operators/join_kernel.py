@@ -17,6 +17,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Callable
 
+import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
@@ -212,8 +213,8 @@ class JoinStep:
         keys, kcols = safe_keys(counts, ck, "_q")
         mine = key_join(mine, keys.select(kcols), mcols, kcols, "left semi").select(
             rows[s].column_names)
-        mine = mine.append_column("_id", pa.array(range(first_id, first_id + mine.num_rows),
-                                                  pa.int64()))
+        mine = mine.append_column("_id", pa.array(np.arange(
+            first_id, first_id + mine.num_rows, dtype=np.int64)))
         pairs = key_join(mine, rows[o], kc, list(self.kcols[o]), "inner")
         names = self.candidate_names()
         types = {**{f.name: f.type for f in rows[o].schema}, "_self": pa.bool_()}

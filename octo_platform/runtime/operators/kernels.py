@@ -177,7 +177,7 @@ class LocalContext:
         """Each row's bucket of ``keys`` (``context.bucket_sql``): in Arrow for the types
         ``spark_hash`` covers, else by Spark."""
         if not keys:
-            return pa.array([0] * table.num_rows, pa.int32())
+            return pa.repeat(pa.scalar(0, pa.int32()), table.num_rows)
         if all(hashable(table.schema.field(k).type) for k in keys):
             return spark_pmod(spark_hash([table[k] for k in keys]), self.ctx.buckets)
         got = self.sql(f"bucket:{keys}", table.select(keys), lambda df: df.selectExpr(
@@ -327,7 +327,7 @@ class AggregateKernel:
             new_exists = pc.greater(table[f"n{COUNT}"], 0)
         else:
             old_exists = pc.is_valid(table[f"o{COUNT}"])
-            new_exists = pa.array([True] * table.num_rows, pa.bool_())
+            new_exists = pa.repeat(pa.scalar(True), table.num_rows)
         same = pc.and_(old_exists, new_exists)
         for a, b in zip(old_v, new_v):
             same = pc.and_(same, same_values(a, b))

@@ -104,7 +104,8 @@ def tagged(out: pa.Schema, parts: Parts, bucket: int) -> pa.Table:
 
 def _tagged(out: pa.Schema, part: int, column: str, rows: pa.Table, bucket: int) -> pa.Table:
     n = rows.num_rows
-    cols = {PART: pa.array([part] * n, pa.int32()), BUCKET: pa.array([bucket] * n, pa.int32())}
+    cols = {PART: pa.repeat(pa.scalar(part, pa.int32()), n),
+            BUCKET: pa.repeat(pa.scalar(bucket, pa.int32()), n)}
     for f in out:
         if f.name in cols:
             continue
