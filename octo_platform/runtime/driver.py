@@ -147,7 +147,7 @@ def run_in_driver(pipe: TableRun, ctx: BatchContext, inputs: dict[str, Any], row
             df = ctx.inputs[src.name.lower()]
             tables[src.name.lower()] = (df.toArrow() if inputs.get(_key(src))
                                         else arrow_schema(df.schema).empty_table())
-        read_observed(ctx.watched)  # their counts (the records now computed)
+        ctx.observed.update(read_observed(ctx.watched))  # their counts
     if not all(primitive(f.type) for t in tables.values() for f in t.schema):
         raise Unsupported("nested types")
     delta = evaluate(plan.root, lc, tables)
@@ -177,7 +177,7 @@ def run_in_driver(pipe: TableRun, ctx: BatchContext, inputs: dict[str, Any], row
     if local is not None:
         local.settle(stats)
     else:
-        settle_inputs(observed, stats)
+        settle_inputs(observed, stats, ctx.observed)
         if stats.dead_letters:
             write_dead_letters(pipe, ctx.dead_letters, ctx.batch, ts_ms, resumed=False)
     return versions

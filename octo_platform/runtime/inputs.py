@@ -190,11 +190,12 @@ def advanced(before: int | None, latest: int | None, delay_us: int) -> int | Non
     return max(marks) if marks else None
 
 
-def settle_inputs(observed: list[_Observed], stats: BatchStats) -> None:
+def settle_inputs(observed: list[_Observed], stats: BatchStats,
+                  known: dict[str, dict[str, Any]]) -> None:
     """Good/bad/late record counts and each watermarked source's new watermark (observed
-    while the batch's write job read the inputs)."""
+    while the batch's write job read the inputs; ``known``: ``BatchContext.observed``)."""
     for o in observed:
-        counts = o.counts()
+        counts = o.counts(known)
         stats.rows_in += counts["good"]
         stats.dead_letters += counts["bad"]
         if o.watermark is not None:
@@ -293,12 +294,13 @@ class _Observed:
             ctx.watched.append(observed)
         return cls(source, observation, observed, exprs, **how)
 
-    def counts(self) -> dict[str, int | None]:
-        """Each observed aggregate (a count: 0 when no record was read)."""
+    def counts(self, known: dict[str, dict[str, Any]] | None = None) -> dict[str, int | None]:
+        """Each observed aggregate (a count: 0 when no record was read; ``known`` as
+        ``metrics.metrics`` takes it)."""
         if self.idle:
             return {e.rsplit(" AS ", 1)[1]: None if e.endswith(" AS latest") else 0
                     for e in self.exprs}
-        got = metrics(self.observation)
+        got = metrics(self.observation, known)
         if got is None:  # no job read the records: count them with a job of our own
             got = self.records.selectExpr(*self.exprs).collect()[0].asDict()
         return {k: v if k == "latest" else int(v or 0) for k, v in got.items()}

@@ -12,7 +12,7 @@ from octo_platform.sqltext import sql_expr
 if TYPE_CHECKING:
     from pyspark.sql import DataFrame, SparkSession
 
-__all__ = ["JobCounter", "observe", "metrics", "unread", "read_observed"]
+__all__ = ["JobCounter", "observe", "metrics", "observed_metrics", "unread", "read_observed"]
 
 
 class JobCounter:
@@ -37,14 +37,32 @@ def observe(df: DataFrame, *exprs: str) -> tuple[DataFrame, Any]:
     return df.observe(obs, *[sql_expr(e) for e in exprs]), obs
 
 
-def metrics(observation: Any, timeout: float = 5.0) -> dict[str, Any] | None:
-    """An observation's metrics, or None if no job has produced them within ``timeout``
-    (``Observation.get`` itself would wait forever)."""
-    got: dict[str, Any] = {}
+def metrics(observation: Any, known: dict[str, dict[str, Any]] | None = None,
+            timeout: float = 5.0) -> dict[str, Any] | None:
+    """An observation's metrics: from ``known`` (``observed_metrics`` of the job that read
+    it), else as Spark's listener delivers them, or None if no job has produced them within
+    ``timeout`` (``Observation.get`` itself would wait forever)."""
+    got = (known or {}).get(observation._jo.name()) if observation._jo is not None else None
+    if got is not None:
+        return got
+    got = {}
     waiter = threading.Thread(target=lambda: got.update(observation.get), daemon=True)
     waiter.start()
     waiter.join(timeout)
     return got or None
+
+
+def observed_metrics(df: DataFrame) -> dict[str, dict[str, Any]]:
+    """After an action on ``df``: the metrics of the observations its plan computed, by
+    name, read from the finished query. ``Observation.get`` has them once Spark's listener
+    bus delivers them, which on a busy machine lags the job by tens of milliseconds."""
+    out = {}
+    found = df._jdf.queryExecution().observedMetrics().iterator()
+    while found.hasNext():
+        pair = found.next()
+        row = pair._2()
+        out[pair._1()] = {f: row.get(i) for i, f in enumerate(row.schema().fieldNames())}
+    return out
 
 
 def unread(df: DataFrame) -> DataFrame:
@@ -54,8 +72,11 @@ def unread(df: DataFrame) -> DataFrame:
     return df.where("spark_partition_id() < 0")
 
 
-def read_observed(frames: list[DataFrame]) -> None:
-    """One job that reads ``frames`` (observed ones), for their metrics."""
-    if frames:
-        functools.reduce(lambda a, b: a.unionByName(b),
-                         [unread(f).selectExpr("1 AS x") for f in frames]).collect()
+def read_observed(frames: list[DataFrame]) -> dict[str, dict[str, Any]]:
+    """One job that reads ``frames`` (observed ones): their metrics (``observed_metrics``)."""
+    if not frames:
+        return {}
+    job = functools.reduce(lambda a, b: a.unionByName(b),
+                           [unread(f).selectExpr("1 AS x") for f in frames])
+    job.collect()
+    return observed_metrics(job)

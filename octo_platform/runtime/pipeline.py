@@ -187,7 +187,7 @@ class Pipeline:
             if versions is None:
                 observed = read_inputs(self, ctx, inputs, stats)
                 versions = self.spark_batch(ctx, pinned, ts_ms, stats, resumed=resumed)
-                settle_inputs(observed, stats)
+                settle_inputs(observed, stats, ctx.observed)
         finally:
             ctx.release()
             stats.spark_jobs = jobs.stop()
@@ -215,7 +215,7 @@ class Pipeline:
         versions = {**pinned, **written.versions}
         versions["current"] = update_current(self, ctx.batch, events, written, pinned,
                                              resumed=resumed)
-        stats.events = events.counts()
+        stats.events = events.counts(ctx.observed)
         return versions
 
     def expired_through(self, watermark: int | None, ttl: int) -> int | None:

@@ -5,7 +5,7 @@ the buckets in a second job: ``update_current``); and the batch's dead letters a
 from __future__ import annotations
 
 from functools import reduce
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from octo_platform.columns import BUCKET, WEIGHT
 from octo_platform.runtime.current import current_key, current_output, kernel_covers
@@ -110,8 +110,10 @@ def write_batch(pipe: TableRun, ctx: BatchContext, events: Events,
             "after.*", f"{_CB} AS {BUCKET}"), bucketed=True))
     bad = dead_letters(pipe, ctx.dead_letters, ctx.batch, ts_ms)
     outputs += [bad] if bad is not None else []
-    return write_outputs(outputs, batch=ctx.batch, store=pipe.env.store, resumed=resumed,
-                         watched=ctx.watched)
+    written = write_outputs(outputs, batch=ctx.batch, store=pipe.env.store, resumed=resumed,
+                            watched=ctx.watched)
+    ctx.observed.update(written.observed)
+    return written
 
 
 def appends_current(pipe: TableRun, pinned: dict[str, int | None]) -> bool:
@@ -208,8 +210,9 @@ class Events:
         self.current = current  # the write job's current-state output (``current.py``)
         self.rows, self.observation = observe(events, *self.EXPRS)
 
-    def counts(self) -> dict[str, int]:
-        got = metrics(self.observation)
+    def counts(self, known: dict[str, dict[str, Any]] | None = None) -> dict[str, int]:
+        """Events by op (``known``: ``BatchContext.observed``)."""
+        got = metrics(self.observation, known)
         if got is None:  # not written by this attempt (an earlier one committed them)
             got = self.unobserved.selectExpr(*self.EXPRS).collect()[0].asDict()
         return {op: int(n) for op, n in got.items() if n}

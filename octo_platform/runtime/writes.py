@@ -17,12 +17,12 @@ import re
 import uuid
 from collections.abc import Callable, Iterator
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Literal, TypeVar
 
 from octo_platform.columns import BUCKET
 from octo_platform.runtime.environment import Store
-from octo_platform.runtime.metrics import unread
+from octo_platform.runtime.metrics import observed_metrics, unread
 from octo_platform.sqltext import quote
 
 if TYPE_CHECKING:
@@ -75,11 +75,13 @@ class Output:
 @dataclass
 class Written:
     """What ``write_outputs`` did: each table's version afterwards, the values of each
-    output's ``report`` column, and which tables it wrote (the others held the batch)."""
+    output's ``report`` column, which tables it wrote (the others held the batch), and the
+    metrics of the observed frames its job read (``metrics.observed_metrics``)."""
 
     versions: dict[str, int | None]
     reported: dict[str, set[int]]
     wrote: set[str]
+    observed: dict[str, dict[str, Any]] = field(default_factory=dict)
 
 
 def write_outputs(outputs: list[Output], *, batch: int, store: Store,
@@ -122,7 +124,9 @@ def write_outputs(outputs: list[Output], *, batch: int, store: Store,
     jobs += [unread(w).selectExpr(
         "CAST(-1 AS INT) AS o", *(f"CAST(NULL AS {t}) AS {c}" for c, t in _WRITTEN_COLUMNS))
         for w in watched]
-    files = functools.reduce(lambda a, b: a.unionByName(b), jobs).collect()
+    job = functools.reduce(lambda a, b: a.unionByName(b), jobs)
+    files = job.collect()
+    written.observed = observed_metrics(job)
     keys = list(dict.fromkeys(o.key for o in todo))
     for key in keys:
         written.reported[key] = {t for f in files if todo[f.o].key == key for t in f.tags or ()}

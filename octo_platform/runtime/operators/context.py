@@ -67,6 +67,8 @@ class BatchContext:
     # Each input's bad records, as dead letters (``sink.DEAD_LETTER_COLUMNS``): the write
     # job writes them too.
     dead_letters: list[DataFrame] = field(default_factory=list)
+    # What the batch's jobs observed (``metrics.observed_metrics``), by observation name.
+    observed: dict[str, dict[str, Any]] = field(default_factory=dict)
     # The table's watermark (µs since the epoch) as the batch began and after it (None:
     # none yet); windows whose end is at most ``watermark`` are closed by this batch.
     watermark_before: int | None = None
