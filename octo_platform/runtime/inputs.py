@@ -102,8 +102,7 @@ def read_inputs(pipe: TableRun, ctx: BatchContext, inputs: dict[str, Any],
                 size += ALL_BUCKETS_BYTES if got and got["from"] is None else 0
             if got:
                 rows = ctx.checkpoint(rows)
-                observed.append(_Observed.watch(ctx, src.name, rows, "count(1) AS good",
-                                                "0L AS bad"))
+                observed.append(_Observed.watch(ctx, rows, "count(1) AS good", "0L AS bad"))
             ctx.inputs[src.name.lower()] = rows
             continue
         sdef = pipe.project.source(src.name)
@@ -140,7 +139,7 @@ def read_inputs(pipe: TableRun, ctx: BatchContext, inputs: dict[str, Any],
             except LookupError:
                 latest = records.selectExpr(timed).collect()[0][0]
             after[key] = advanced(watermarks.get(key), latest, sdef.watermark.delay_us)
-        observed.append(_Observed.watch(ctx, src.name, records, *exprs, key=key,
+        observed.append(_Observed.watch(ctx, records, *exprs, key=key,
                                         watermark=sdef.watermark, before=watermarks.get(key),
                                         idle=not got))
         ctx.inputs[src.name.lower()] = parsed.rows(records.filter("_reason IS NULL"))
@@ -276,7 +275,6 @@ class _Observed:
     """An input's records, with good/bad counts (and for a watermarked source: late
     records and the latest event time) observed by the job that reads them."""
 
-    source: str
     observation: Any
     records: DataFrame
     exprs: tuple[str, ...]
@@ -286,13 +284,13 @@ class _Observed:
     idle: bool = False  # nothing to read in this batch: every count is 0
 
     @classmethod
-    def watch(cls, ctx: BatchContext, source: str, records: DataFrame, *exprs: str,
+    def watch(cls, ctx: BatchContext, records: DataFrame, *exprs: str,
               **how: Any) -> _Observed:
         """``records`` observed by the batch's write job (``ctx.watched``)."""
         observed, observation = observe(records, *exprs)
         if not how.get("idle"):
             ctx.watched.append(observed)
-        return cls(source, observation, observed, exprs, **how)
+        return cls(observation, observed, exprs, **how)
 
     def counts(self, known: dict[str, dict[str, Any]] | None = None) -> dict[str, int | None]:
         """Each observed aggregate (a count: 0 when no record was read; ``known`` as

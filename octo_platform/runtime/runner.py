@@ -42,7 +42,7 @@ from octo_platform.project import Project, load_project
 from octo_platform.runtime.layout import Layout
 from octo_platform.runtime.offsets import available, next_inputs
 from octo_platform.runtime.options import RunOptions
-from octo_platform.runtime.pipeline import Pipeline
+from octo_platform.runtime.pipeline import Pipeline, collecting_new_objects
 from octo_platform.runtime.stats import BatchStats
 from octo_platform.runtime.sinks import SinkRunner, SinkStats
 
@@ -481,7 +481,7 @@ def run_tables(
     if not until_idle:
         _register(spark)
     report = RunReport()
-    with lock_tables(layout, [t.name for t in tables]):
+    with lock_tables(layout, [t.name for t in tables]), collecting_new_objects():
         queries = [_Query(spark, _pipeline_factory(spark, proj, t, layout, options), report,
                           progress=options.progress)
                    for t in tables]
