@@ -64,8 +64,8 @@ class BatchContext:
     # Observed frames (``metrics.observe``) the batch's write job reads, so that it
     # reports their metrics: it reads each in a leg of its own that yields no row.
     watched: list[DataFrame] = field(default_factory=list)
-    # Each input's bad records, as dead letters (``sink.DEAD_LETTER_COLUMNS``): the write
-    # job writes them too.
+    # Each input's bad records as dead letters (raw, source_file, source, reason), which
+    # the write job writes too (``sink.dead_letters``).
     dead_letters: list[DataFrame] = field(default_factory=list)
     # What the batch's jobs observed (``metrics.observed_metrics``), by observation name.
     observed: dict[str, dict[str, Any]] = field(default_factory=dict)
