@@ -42,9 +42,9 @@ def test_formats_and_dead_letters(spark, tmp_path, monkeypatch, driver_rows):
     missed = []
 
     def observed(observation, known=None, timeout: float = 5.0):
-        got = metrics(observation, known, timeout)
-        missed.extend([] if observation._jo.name() in (known or {}) else [observation])
-        return got
+        if observation._jo.name() not in (known or {}):
+            missed.append(observation)
+        return metrics(observation, known, timeout)
     monkeypatch.setattr(inputs, "metrics", observed)
     (tmp_path / "sql").mkdir()
     (tmp_path / "sql" / "s.sql").write_text(SQL)

@@ -1,7 +1,8 @@
 """The changelog sink: a batch's Δ encoded as Debezium change events, written with the
 operators' state and the current-state buckets the events fall in (``current.py``) in one
 Spark job (a table whose columns that kernel does not cover, or a resumed attempt, rewrites
-the buckets in a second job: ``update_current``); and the batch's dead letters appended."""
+the buckets in a second job: ``update_current``), and the batch's dead letters appended by
+that job too (``dead_letters``)."""
 from __future__ import annotations
 
 from functools import reduce
