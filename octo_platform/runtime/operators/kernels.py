@@ -123,18 +123,14 @@ class LocalContext:
                keys: list[str]) -> KeyedRows:
         """State table ``table``'s rows as of the pinned version, found by the columns
         ``keys``: from the run's cache when it holds that version, else loaded: with Arrow
-        from local files (``local``, given the pinned files; None when one is remote), else
-        by Spark (``load``: the rows as a Spark frame)."""
+        from local files (``local``, given the pinned files, none for an empty log; None
+        when one is remote), else by Spark (``load``: the rows as a Spark frame)."""
         version = self.pinned.get(f"state/{table}")
         got = self.ctx.memo.get(f"cache:{table}")
         if got is not None and got[0] == version:
             return got[1]
-        files = self.ctx.state_log(table)
-        rows = local(files) if files else None
-        if rows is None:
-            df = load()
-            rows = df.toArrow() if files else arrow_schema(df.schema).empty_table()
-        cache = KeyedRows(rows, keys)
+        rows = local(self.ctx.state_log(table))
+        cache = KeyedRows(load().toArrow() if rows is None else rows, keys)
         self.ctx.memo[f"cache:{table}"] = (version, cache)
         return cache
 
