@@ -14,9 +14,13 @@ by Spark's Delta reader instead, at the pinned versions (time travel): the snaps
 change data feed where the table has it and no column was renamed or dropped between the two
 versions (Delta refuses that read), otherwise the difference of the two versions' rows
 (each row's count in the newer snapshot minus its count in the older: one read of each).
+Each version is read through one frame per session (``version_frame``), which keeps the
+snapshot Delta built for it when the frame was first planned.
 """
 from __future__ import annotations
 
+import threading
+from collections import OrderedDict
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
@@ -29,11 +33,41 @@ if TYPE_CHECKING:
 
     from octo_platform.runtime.environment import Store
 
-__all__ = ["DeltaSource", "spark_reads"]
+__all__ = ["DeltaSource", "spark_reads", "version_frame"]
 
 FILE = "__octo_file"  # data file name, to give each row its file's weight and partition values
 CDF_WEIGHT = ("CASE WHEN _change_type IN ('insert', 'update_postimage') THEN 1 "
               "WHEN _change_type IN ('delete', 'update_preimage') THEN -1 END")
+
+
+# Spark's reads of Delta versions, by (session, path, table id, version), newest use last.
+_FRAMES: OrderedDict[tuple, DataFrame] = OrderedDict()
+_FRAMES_KEPT = 16
+_frames_lock = threading.Lock()
+
+
+def version_frame(spark: SparkSession, path: str, table_id: str, version: int) -> DataFrame:
+    """Spark's read of version ``version`` of the Delta table ``table_id`` at ``path``: one
+    frame per session and version, for the ``_FRAMES_KEPT`` versions read last. Delta builds
+    a version's snapshot (its log replayed, its files' state computed by Spark jobs) as a
+    frame over it is first planned, and keeps it with the frame, so the next batch (whose
+    older version this batch's newer one is) and the other tables reading the source plan
+    over it again: planning a diff of two versions read before took 1.1 s here, of two new
+    ones 2.7-3.2 s (benchmarks/README.md). A version of a table never changes; a table made
+    anew at the same path has another id."""
+    key = (id(spark._jsparkSession), path, table_id, version)
+    with _frames_lock:
+        frame = _FRAMES.get(key)
+        if frame is not None:
+            _FRAMES.move_to_end(key)
+            return frame
+    frame = spark.read.format("delta").option("versionAsOf", version).load(path)
+    with _frames_lock:
+        frame = _FRAMES.setdefault(key, frame)
+        _FRAMES.move_to_end(key)
+        while len(_FRAMES) > _FRAMES_KEPT:
+            _FRAMES.popitem(last=False)
+    return frame
 
 
 def spark_reads(info: dict[str, Any]) -> bool:
@@ -101,11 +135,8 @@ class DeltaSource:
     def spark_changes(self, spark: SparkSession, info: dict[str, Any], names: dict[str, str],
                       start: int | None, end: int, has_cdf: bool, table: str) -> DataFrame:
         """Weighted rows between two versions, read by Spark's Delta reader."""
-        def at(version: int) -> DataFrame:
-            return spark.read.format("delta").option("versionAsOf", version).load(self.path)
-
         if start is None:
-            return self.weighted(at(end), names, "1")
+            return self.weighted(version_frame(spark, self.path, info["id"], end), names, "1")
         before = self.store.table_info(self.path, start)
         if before is None:
             raise self.gone(start, table)
@@ -120,8 +151,9 @@ class DeltaSource:
         # over cancel): one read of each version, where EXCEPT ALL both ways read each twice
         # (planning a read, Delta's snapshot of its version, is most of the cost: a lazy
         # checkpoint of the diff took 1.3-1.4 s that way, 0.8-0.9 s this way).
-        both = self.weighted(at(end), names, "1").unionByName(
-            self.weighted(at(start), names, "-1"))
+        both = self.weighted(version_frame(spark, self.path, info["id"], end), names, "1") \
+            .unionByName(self.weighted(version_frame(spark, self.path, before["id"], start),
+                                       names, "-1"))
         w = quote(WEIGHT)
         return both.groupBy(*[quote(c) for c in self.columns]).agg(
             sql_expr(f"sum({w}) AS {w}")).filter(f"{w} != 0")

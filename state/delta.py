@@ -340,13 +340,14 @@ class DeltaStore:
     # -- Delta tables written by others (the ``delta`` source connector) --------------------
     def table_info(self, path: str, version: int | None = None) -> dict[str, Any] | None:
         """``version``, arrow ``schema``, ``partition_columns``, ``configuration`` (table
-        properties) and ``reader_features`` of a version (default: the latest); None when there
-        is no table or no such version."""
+        properties), ``reader_features`` and the table's ``id`` (made with the table) of a
+        version (default: the latest); None when there is no table or no such version."""
         dt = self._open(path, version)
         if dt is None:
             return None
         meta = dt.metadata()
-        return {"version": dt.version(), "schema": pa.schema(dt.schema().to_arrow()),
+        return {"version": dt.version(), "id": meta.id,
+                "schema": pa.schema(dt.schema().to_arrow()),
                 "partition_columns": list(meta.partition_columns),
                 "configuration": dict(meta.configuration),
                 "reader_features": list(dt.protocol().reader_features or [])}
