@@ -278,6 +278,30 @@ def test_a_spark_read_table_whose_log_was_cleaned_asks_for_a_reset(spark, tmp_pa
                    until_idle=True)
 
 
+def test_a_version_read_by_spark_is_kept_per_table_made(spark, tmp_path):
+    """``version_frame`` keeps Spark's read of a version for the session, by the table's id:
+    the same version is the same frame; a table made anew at the same path (same version
+    numbers) is read anew."""
+    from connectors.delta_table import version_frame
+    from state.delta import DeltaStore
+
+    dim, store = str(tmp_path / "dim"), DeltaStore()
+
+    def made(rows: str) -> tuple[str, list[int]]:
+        shutil.rmtree(dim, ignore_errors=True)
+        spark.sql(f"CREATE TABLE delta.`{dim}` (K BIGINT) USING delta "
+                  "TBLPROPERTIES ('delta.enableDeletionVectors' = 'true')")
+        spark.sql(f"INSERT INTO delta.`{dim}` VALUES {rows}")
+        table_id = store.table_info(dim, 1)["id"]
+        frame = version_frame(spark, dim, table_id, 1)
+        assert version_frame(spark, dim, table_id, 1) is frame
+        return table_id, sorted(r.K for r in frame.collect())
+
+    first, second = made("(1), (2)"), made("(3)")
+    assert first[0] != second[0]
+    assert (first[1], second[1]) == ([1, 2], [3])
+
+
 def test_a_spark_read_table_whose_files_were_vacuumed_asks_for_a_reset(spark, tmp_path):
     """Spark reads lazily, so the Spark-read path checks the files of the version it resumes
     from before it reads: once VACUUM removed them, the run asks for `octo reset` (not Spark's
