@@ -16,7 +16,8 @@ test`, install included): 18.8 min as one process, 14.7-16.3 min as two (the res
 814-902 s, the ``processes`` part's 745-802 s, both slower than alone: 450 s for the
 ``processes`` part, about 613 s for the rest; the CPU now busy); 11.8-12.5 min (the
 rest 643-685 s, ``processes`` 623-662 s) once the Spark path's reused frames became
-checkpoints (benchmarks/README.md); 11.6-12.9 min on a slower day (632-707 s, 608-694 s).
+checkpoints (benchmarks/README.md); 11.6-12.9 min on a slower day (632-707 s, 608-694 s);
+18.7-19.6 min on a slower machine still (1015-1024 s, 907-970 s).
 """
 from __future__ import annotations
 
