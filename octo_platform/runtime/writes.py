@@ -239,10 +239,8 @@ def _writer(meta: list[tuple[str, bool, pa.Schema, str, str | None]],
                 if not bucketed:
                     sink(i, None, rows)
                     continue
-                buckets = rows.column(BUCKET)
-                data = rows.drop_columns([BUCKET])
-                for b in pc.unique(buckets).to_pylist():
-                    sink(i, b, data.filter(pc.equal(buckets, b)))
+                for b, part in by_bucket(rows):
+                    sink(i, b, part)
         out: dict[str, list] = {"o": [], "path": [], "size": [], "rows": [], "bucket": [],
                                 "tags": []}
         for (i, bucket), (writer, stream, rel) in open_files.items():
@@ -273,6 +271,21 @@ class LocalOutput:
     prefix: str = "part"
 
 
+def by_bucket(rows: pa.Table) -> list[tuple[int, pa.Table]]:
+    """``rows`` (with a ``_bucket`` column) split by bucket, in bucket order, the column
+    dropped: slices of one sort (none when the rows come in bucket order), not a filter
+    of every row per bucket."""
+    import numpy as np
+
+    buckets = rows.column(BUCKET).to_numpy()
+    data = rows.drop_columns([BUCKET])
+    if len(buckets) > 1 and np.any(buckets[1:] < buckets[:-1]):
+        order = np.argsort(buckets, kind="stable")
+        buckets, data = buckets[order], data.take(order)
+    bounds = [0, *(np.flatnonzero(np.diff(buckets)) + 1), len(buckets)]
+    return [(int(buckets[a]), data.slice(a, b - a)) for a, b in zip(bounds, bounds[1:]) if b > a]
+
+
 def threaded(fn: Callable[[T], R], items: list[T]) -> list[tuple[T, R]]:
     """``(item, fn(item))`` for each item, in order, run on the driver's cores: Arrow's
     Parquet reads and writes and its compute functions release the GIL."""
@@ -285,7 +298,6 @@ def threaded(fn: Callable[[T], R], items: list[T]) -> list[tuple[T, R]]:
 def write_local(outputs: list[LocalOutput], *, batch: int, store: Store) -> dict[str, int | None]:
     """Write ``outputs`` from the driver as batch ``batch`` and commit each table once, as
     ``write_outputs`` does for a Spark job's files; each table's version afterwards."""
-    import pyarrow.compute as pc
     import pyarrow.parquet as pq
 
     open_output = store.opener()
@@ -307,9 +319,7 @@ def write_local(outputs: list[LocalOutput], *, batch: int, store: Store) -> dict
         if not o.bucketed:
             parts.append((o, None, o.table))
             continue
-        buckets, data = o.table.column(BUCKET), o.table.drop_columns([BUCKET])
-        parts += [(o, b, data.filter(pc.equal(buckets, b)))
-                  for b in sorted(pc.unique(buckets).to_pylist())]
+        parts += [(o, b, rows) for b, rows in by_bucket(o.table)]
     written = threaded(write, [p for p in parts if p[2].num_rows])
     versions: dict[str, int | None] = {}
     for key in dict.fromkeys(o.key for o in outputs):
