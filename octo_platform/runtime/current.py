@@ -4,7 +4,8 @@
 query vouches for (``keyed_changes``: one event per key), the changed keys' rows are
 replaced by their after images; otherwise (a bag) rows are added and removed by count. The
 driver path runs it in the driver for each bucket a small batch touches
-(``driver.current``); the Spark path runs it in the batch's write job (``current_output``):
+(``driver.current``), reading a bucket once per run and keeping its rows (a keyed table's
+found by key: ``merge_keyed``) for the run's next batch; the Spark path runs it in the batch's write job (``current_output``):
 the events are shuffled by their current-state bucket and each touched bucket's task reads
 that bucket's files (and nothing else) and writes the bucket's new file itself, beside the
 changelog the job writes; only the file's name returns. So a batch rewrites the buckets it
@@ -24,8 +25,8 @@ import pyarrow.compute as pc
 
 from octo_platform.columns import BUCKET, WEIGHT
 from octo_platform.local_frames import arrow_schema
-from octo_platform.runtime.operators.arrow import concat, key_join, \
-    normal_floats, primitive, safe_keys
+from octo_platform.runtime.operators.arrow import normal_floats, primitive
+from octo_platform.runtime.operators.keyed_rows import KeyedRows
 from octo_platform.runtime.operators.tasks import read_bucket
 from octo_platform.runtime.writes import WRITTEN_SCHEMA, Output, file_token, parquet_options, \
     written_schema
@@ -36,27 +37,20 @@ if TYPE_CHECKING:
     from octo_platform.runtime.environment import Store
     from octo_platform.runtime.table_run import TableRun
 
-__all__ = ["merge_current", "current_output", "kernel_covers", "current_key", "files_by_bucket"]
+__all__ = ["merge_current", "merge_keyed", "current_output", "kernel_covers", "current_key",
+           "files_by_bucket"]
 
 
 def merge_current(old: pa.Table, events: pa.Table, keys: list[str], keyed: bool
                   ) -> pa.Table:
     """One bucket's current-state rows (``old``, the image's columns) after its change
     ``events`` (``before`` / ``after`` images): ``keyed``, the rows of the changed
-    ``keys`` replaced; otherwise added and removed by count. Columns of types
-    ``arrow.primitive`` (``kernel_covers``)."""
-    schema = old.schema
-    after = events.filter(pc.is_valid(events["after"]))
-    new = pa.Table.from_struct_array(after["after"]).cast(schema)
+    ``keys`` replaced (``merge_keyed``); otherwise added and removed by count. Columns of
+    types ``arrow.primitive`` (``kernel_covers``)."""
     if keyed:
-        changed = pa.Table.from_struct_array(pc.coalesce(events["after"], events["before"]))
-        ck, ccols = safe_keys(normal_floats(changed.select(keys)), keys, "_c")
-        ok, ocols = safe_keys(normal_floats(old.select(keys)), keys, "_o")
-        ok = ok.append_column("_i", pa.array(np.arange(old.num_rows)))
-        kept = key_join(ok, ck.select(ccols), ocols, ccols, "left anti")
-        return concat([old.take(kept["_i"]), new], schema)
-    before = events.filter(pc.is_valid(events["before"]))
-    gone = pa.Table.from_struct_array(before["before"]).cast(schema)
+        return merge_keyed(KeyedRows(old, keys), events).table()
+    schema = old.schema
+    new, gone = (_images(events, side, schema) for side in ("after", "before"))
     parts = [normal_floats(t).append_column(WEIGHT, pa.array(np.full(t.num_rows, w, np.int64)))
              for t, w in ((old, 1), (gone, -1), (new, 1))]
     counts = pa.concat_tables(parts).group_by(schema.names, use_threads=False).aggregate(
@@ -65,6 +59,20 @@ def merge_current(old: pa.Table, events: pa.Table, keys: list[str], keyed: bool
     kept = np.flatnonzero(weights > 0)
     rows = counts.select(schema.names).take(np.repeat(kept, weights[kept]))
     return rows.cast(schema)
+
+
+def merge_keyed(old: KeyedRows, events: pa.Table) -> KeyedRows:
+    """A keyed bucket's rows (found by the key, ``old``) after its change ``events``: the
+    rows of the keys an event names replaced by the events' after images. The driver path
+    keeps the result for the run's next batch (``driver.current``)."""
+    changed = pa.Table.from_struct_array(pc.coalesce(events["after"], events["before"]))
+    return old.replace(old.find(changed.select(old.keys)), _images(events, "after", old.schema))
+
+
+def _images(events: pa.Table, side: str, schema: pa.Schema) -> pa.Table:
+    """The events' ``side`` images (those that have one) as rows of ``schema``."""
+    images = events.filter(pc.is_valid(events[side]))
+    return pa.Table.from_struct_array(images[side]).cast(schema)
 
 
 def kernel_covers(pipe: TableRun, image: pa.Schema) -> bool:

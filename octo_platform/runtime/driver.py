@@ -53,7 +53,8 @@ from octo_platform.runtime.driver_inputs import LocalInputs, read_local
 from octo_platform.runtime.inputs import read_inputs, set_watermarks, settle_inputs
 from octo_platform.runtime.metrics import read_observed
 from octo_platform.runtime.current import current_key, files_by_bucket, kernel_covers, \
-    merge_current
+    merge_current, merge_keyed
+from octo_platform.runtime.operators.keyed_rows import KeyedRows
 from octo_platform.runtime.operators.tasks import read_bucket
 from octo_platform.runtime.sink import appends_current, event_bucket, write_dead_letters
 from octo_platform.runtime.writes import LocalOutput, threaded, write_local
@@ -73,6 +74,7 @@ _KAFKA_RECORD_BYTES = 1024  # a Kafka record's bytes are not known before it is 
 _TEXT_BYTES_PER_ROW = 4096  # a text file bigger than this per allowed row is not counted
 _W = quote(WEIGHT)
 _SIGN = "__octo_sign"
+_CURRENT = "cache:current"  # the run's current-state rows by bucket, and their version
 
 
 def plan_runs_in_driver(plan: PhysicalPlan) -> bool:
@@ -162,7 +164,8 @@ def run_in_driver(pipe: TableRun, ctx: BatchContext, inputs: dict[str, Any], row
                for w in lc.writes]
     outputs.append(LocalOutput("changelog", lay.changelog(pipe.name),
                                events.drop_columns([BUCKET])))
-    outputs.append(current(pipe, events, pinned))
+    now, kept = current(pipe, ctx, events, pinned)
+    outputs.append(now)
     if local is not None and local.dead:
         dead = pa.concat_tables(local.dead)
         n = dead.num_rows
@@ -172,6 +175,8 @@ def run_in_driver(pipe: TableRun, ctx: BatchContext, inputs: dict[str, Any], row
             "ts_ms", pa.repeat(pa.scalar(ts_ms, pa.int64()), n))))
     versions = write_local(outputs, batch=ctx.batch, store=pipe.env.store)
     lc.settle(versions)
+    if kept is not None:
+        ctx.memo[_CURRENT] = (versions.get("current"), kept)
     stats.events = {c["values"]: c["counts"]
                     for c in pc.value_counts(events.column("op")).to_pylist()}
     if local is not None:
@@ -382,14 +387,18 @@ def _spark_order(values: tuple) -> tuple:
     return tuple((v is not None, v) for v in values)
 
 
-def current(pipe: TableRun, events: pa.Table, pinned: dict[str, int | None]) -> LocalOutput:
+def current(pipe: TableRun, ctx: BatchContext, events: pa.Table, pinned: dict[str, int | None]
+            ) -> tuple[LocalOutput, dict[int, Any] | None]:
     """The current-state rows of the buckets the events fall in (``_bucket``), as
-    ``sink.update_current`` makes them; an append-only table appends its new rows."""
+    ``sink.update_current`` makes them; an append-only table appends its new rows. Also
+    every bucket's rows the run holds after the batch (None: none held): a bucket is read
+    once per run, then kept (a keyed table's found by key, ``merge_keyed``) while the
+    table's version is the one the next batch pins."""
     path = pipe.layout.current(pipe.name)
     after = events.filter(pc.is_valid(events["after"]))
     new = pa.Table.from_struct_array(after["after"]).append_column(BUCKET, after[BUCKET])
     if appends_current(pipe, pinned):
-        return LocalOutput("current", path, new, bucketed=True)
+        return LocalOutput("current", path, new, bucketed=True), None
     touched = sorted(pc.unique(events.column(BUCKET)).to_pylist())
     store, image = pipe.env.store, events.schema.field("after").type
     schema = pa.schema(list(image))
@@ -397,11 +406,22 @@ def current(pipe: TableRun, events: pa.Table, pinned: dict[str, int | None]) -> 
         raise Unsupported("current-state columns of nested types")
     keyed, keys = pipe.table.physical.keyed_changes, current_key(pipe)
     files, reader = files_by_bucket(store, path, pinned.get("current")), store.reader()
+    held = ctx.memo.get(_CURRENT)
+    kept = dict(held[1]) if held is not None and held[0] == pinned.get("current") else {}
 
-    def bucket(b: int) -> pa.Table:  # as the Spark path's tasks do it
-        old = read_bucket(reader, path, files.get(b, []), schema)
-        rows = merge_current(old, events.filter(pc.equal(events[BUCKET], b)), keys, keyed)
-        return rows.append_column(BUCKET, pa.array(np.full(rows.num_rows, b, np.int32)))
-    out = concat([rows for _, rows in threaded(bucket, touched)],
-                 schema.append(pa.field(BUCKET, pa.int32())))
-    return LocalOutput("current", path, out, bucketed=True, replace=set(touched))
+    def bucket(b: int) -> tuple[Any, pa.Table]:  # the bucket's rows, kept and as written
+        rows = kept.get(b)
+        if rows is None:
+            rows = read_bucket(reader, path, files.get(b, []), schema)
+            rows = KeyedRows(rows, keys) if keyed else rows
+        changes = events.filter(pc.equal(events[BUCKET], b))
+        if keyed:
+            rows = merge_keyed(rows, changes)
+            return rows, rows.table()
+        rows = merge_current(rows, changes, keys, keyed)
+        return rows, rows
+    done = threaded(bucket, touched)
+    kept.update((b, rows) for b, (rows, _) in done)
+    out = concat([rows.append_column(BUCKET, pa.array(np.full(rows.num_rows, b, np.int32)))
+                  for b, (_, rows) in done], schema.append(pa.field(BUCKET, pa.int32())))
+    return LocalOutput("current", path, out, bucketed=True, replace=set(touched)), kept
