@@ -28,7 +28,7 @@ from octo_platform.local_frames import arrow_schema, collect_arrow, local_frame
 from octo_platform.physical.plan import PNode, PSource, PStateless
 from octo_platform.runtime.inputs import LATE, advanced, mark_late, upstream_watermark
 from octo_platform.runtime.offsets import source_key
-from octo_platform.runtime.operators.arrow import local_path
+from octo_platform.runtime.operators.arrow import local_path, read_parquet
 from octo_platform.runtime.operators.kernels import LocalContext, Unsupported
 
 if TYPE_CHECKING:
@@ -182,7 +182,6 @@ def _rows_schema(parsed: Any):
 
 def _upstream(pipe: TableRun, src: Any, got: dict[str, Any] | None) -> pa.Table:
     """Weighted rows of an upstream table's change events between two versions."""
-    import pyarrow.parquet as pq
 
     upstream = pipe.project.table(src.name)
     path = pipe.layout.changelog(upstream.name)
@@ -195,6 +194,6 @@ def _upstream(pipe: TableRun, src: Any, got: dict[str, Any] | None) -> pa.Table:
         raise RunError(f"{pipe.name}: upstream table {upstream.name!r} has no changelog "
                        "yet; run it first")
     # Files of either path (their nullability differs) as the table's schema.
-    events = pa.concat_tables([pq.read_table(f).cast(schema) for f in local]) if local \
+    events = pa.concat_tables([read_parquet(f, schema) for f in local]) if local \
         else schema.empty_table()
     return pipe.env.decode_changelog_arrow(events, src.columns)

@@ -27,7 +27,7 @@ from octo_platform.runtime.environment import Environment
 from octo_platform.runtime.layout import Layout
 from octo_platform.runtime.environment import Store
 from octo_platform.runtime.offsets import BatchLog
-from octo_platform.runtime.operators.arrow import DRIVER_BYTES, local_path
+from octo_platform.runtime.operators.arrow import DRIVER_BYTES, local_path, read_parquet
 from octo_platform.runtime.writes import file_batch
 
 if TYPE_CHECKING:
@@ -171,7 +171,6 @@ class SinkRunner:
         rows and ``DRIVER_BYTES`` of local files; else None."""
         import numpy as np
         import pyarrow as pa
-        import pyarrow.parquet as pq
 
         added = self._added(first, last)
         paths = [local_path(f["uri"]) for f, _ in added]
@@ -180,7 +179,7 @@ class SinkRunner:
             return None
         schema = self.env.store.arrow_schema(self.changelog)  # either path's files as one
         return pa.concat_tables([
-            pq.read_table(p).cast(schema).append_column(
+            read_parquet(p, schema).append_column(
                 "_seq", pa.array(np.arange(base, base + int(f["rows"]), dtype=np.int64)))
             for (f, base), p in zip(added, paths)])
 

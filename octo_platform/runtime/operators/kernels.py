@@ -26,7 +26,7 @@ from octo_platform.columns import BUCKET, COUNT, WEIGHT
 from octo_platform.local_frames import arrow_schema, arrow_type, local_frame
 from octo_platform.physical.plan import PAggregate, PJoin, POver, PSession, PTopN
 from octo_platform.runtime.operators.aggregate import Aggregate
-from octo_platform.runtime.operators.arrow import concat, local_path, spark_eval
+from octo_platform.runtime.operators.arrow import concat, local_path, read_parquet, spark_eval
 from octo_platform.runtime.operators.aggregate_kernel import aggregate_step, live_rows, \
     newest, with_batch_column
 from octo_platform.runtime.operators.context import BatchContext, bucket_sql
@@ -192,12 +192,10 @@ def _latest(files: list[StateFile], schema: pa.Schema, keys: list[str], alive: s
 
 def _read_files(files: list[dict], schema: pa.Schema) -> pa.Table | None:
     """The rows of local state files, as ``schema``; None when one is remote."""
-    import pyarrow.parquet as pq
-
     paths = [local_path(f["uri"]) for f in files]
     if any(p is None for p in paths):
         return None
-    return concat([pq.read_table(p).select(schema.names).cast(schema) for p in paths], schema)
+    return concat([read_parquet(p, schema) for p in paths], schema)
 
 
 class AggregateKernel:

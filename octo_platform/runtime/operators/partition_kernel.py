@@ -21,7 +21,7 @@ from octo_platform.columns import BUCKET, COUNT, WEIGHT
 from octo_platform.physical.plan import POver, PPartitioned, PSession, PTopN
 from octo_platform.local_frames import arrow_schema
 from octo_platform.runtime.operators.arrow import concat, key_join, local_path, primitive, \
-    safe_keys
+    read_parquet, safe_keys
 from octo_platform.runtime.operators.context import bucket_sql, positional, side_schema
 from octo_platform.runtime.operators.kernels import LocalContext, StagedRows, Unsupported
 from octo_platform.runtime.operators.over import OverRange
@@ -93,14 +93,13 @@ class PartitionState:
     def local_rows(self, files: list[StateFile]) -> pa.Table | None:
         """The pinned files' rows, read with Arrow (None when one is remote); each file's
         bucket is its partition's."""
-        import pyarrow.parquet as pq
 
         schema, parts = self.stored(), []
         for f in files:
             path = local_path(f["uri"])
             if path is None:
                 return None
-            rows = pq.read_table(path).select(schema.names).cast(schema)
+            rows = read_parquet(path, schema)
             parts.append(rows.append_column(BUCKET, pa.array(
                 np.full(rows.num_rows, int(f["partition"][BUCKET]), np.int32))))
         return self.cached_rows(concat(parts, schema.append(pa.field(BUCKET, pa.int32()))))

@@ -16,7 +16,7 @@ from typing import TYPE_CHECKING, Any, Callable
 import pyarrow as pa
 
 from octo_platform.columns import BUCKET
-from octo_platform.runtime.operators.arrow import concat
+from octo_platform.runtime.operators.arrow import concat, read_parquet
 from octo_platform.runtime.operators.context import BatchContext, StagedWrite
 from octo_platform.runtime.state_log import StateFile, compaction
 from octo_platform.sqltext import quote
@@ -64,10 +64,7 @@ def visits(rows: DataFrame, weight: str, buckets: set[int]) -> DataFrame:
 def read_bucket(reader: Callable[[str, str], Any], path: str, files: list[StateFile],
                 schema: pa.Schema) -> pa.Table:
     """In a task: the rows of a state table's ``files`` (at ``path``), as ``schema``."""
-    import pyarrow.parquet as pq
-
-    return concat([pq.read_table(reader(path, f["path"])).select(schema.names).cast(schema)
-                   for f in files], schema)
+    return concat([read_parquet(reader(path, f["path"]), schema) for f in files], schema)
 
 
 def tagged_schema(output: StructType, states: list[StructType],
