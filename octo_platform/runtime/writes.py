@@ -166,18 +166,26 @@ def written_schema() -> pa.Schema:
 
 
 def parquet_options(schema: pa.Schema) -> dict[str, Any]:
-    """How octo writes Parquet: dictionaries for text columns only. For numbers (keys,
-    counts, sums) the encoder's attempt costs 3x the write and saves nothing: 250K rows of
-    three distinct BIGINTs took 27 ms with it and 9 ms without (benchmarks/README.md,
-    "fewer dictionaries").
-    Tables with nested columns (changelogs) keep Arrow's defaults."""
+    """How octo writes Parquet: dictionaries for text columns only (for numbers the
+    encoder's attempt cost 3x the write and saved nothing: 250K rows of three distinct
+    BIGINTs, 27 against 9 ms), and INT / BIGINT columns delta-encoded (Parquet's
+    ``DELTA_BINARY_PACKED``, which Spark, delta-rs and Arrow read): a current-state bucket
+    of 250K rows of three BIGINTs was written in 11 ms instead of 18, read in 4 ms instead
+    of 11, and took 1.2 MB instead of 2.3 (benchmarks/README.md, "fewer dictionaries" and
+    "delta-encoded integers"). Tables with nested columns (changelogs) keep Arrow's
+    defaults."""
     import pyarrow as pa
 
     if any(pa.types.is_nested(f.type) for f in schema):
         return {}
-    return {"use_dictionary": [f.name for f in schema if pa.types.is_string(f.type)
-                               or pa.types.is_large_string(f.type)
-                               or pa.types.is_binary(f.type)]}
+    options: dict[str, Any] = {"use_dictionary": [
+        f.name for f in schema
+        if pa.types.is_string(f.type) or pa.types.is_large_string(f.type)
+        or pa.types.is_binary(f.type)]}
+    ints = [f.name for f in schema if pa.types.is_int32(f.type) or pa.types.is_int64(f.type)]
+    if ints:
+        options["column_encoding"] = dict.fromkeys(ints, "DELTA_BINARY_PACKED")
+    return options
 
 
 def file_token(prefix: str, batch: int) -> str:
