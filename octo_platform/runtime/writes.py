@@ -170,10 +170,9 @@ def parquet_options(schema: pa.Schema) -> dict[str, Any]:
     encoder's attempt cost 3x the write and saved nothing: 250K rows of three distinct
     BIGINTs, 27 against 9 ms), and INT / BIGINT columns delta-encoded (Parquet's
     ``DELTA_BINARY_PACKED``, which Spark, delta-rs and Arrow read): a current-state bucket
-    of 250K rows of three BIGINTs was written in 11 ms instead of 18, read in 4 ms instead
-    of 11, and took 1.2 MB instead of 2.3 (benchmarks/README.md, "fewer dictionaries" and
-    "delta-encoded integers"). Tables with nested columns (changelogs) keep Arrow's
-    defaults."""
+    of 250K rows of three BIGINTs was written in 8.5 ms instead of 14.1, read in 3.6 ms
+    instead of 9.1, and took 1.30 MB instead of 2.62 (``benchmarks/parquet_costs.py``).
+    Tables with nested columns (changelogs) keep Arrow's defaults."""
     import pyarrow as pa
 
     if any(pa.types.is_nested(f.type) for f in schema):

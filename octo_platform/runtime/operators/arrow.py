@@ -112,8 +112,9 @@ def key_join(left: pa.Table, right: pa.Table, lkeys: list[str], rkeys: list[str]
 
 def read_parquet(source: Any, schema: pa.Schema) -> pa.Table:
     """One of octo's Parquet files (a path or an open file) as ``schema``'s columns, read
-    by ``ParquetFile``: ``pq.read_table``'s dataset layer doubled the cost (a state log's
-    24 files, 2.2M rows: 218 against 116 ms, benchmarks/README.md)."""
+    by ``ParquetFile``: ``pq.read_table``'s dataset layer cost more, the more row groups
+    (24 files of 125K rows in row groups of 10K: 70 against 44 ms,
+    ``benchmarks/parquet_costs.py``; a state log's 24 files, 2.2M rows: 218 against 116 ms)."""
     import pyarrow.parquet as pq
 
     with pq.ParquetFile(source, pre_buffer=True) as f:
