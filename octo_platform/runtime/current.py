@@ -5,12 +5,13 @@ query vouches for (``keyed_changes``: one event per key), the changed keys' rows
 replaced by their after images; otherwise (a bag) rows are added and removed by count. The
 driver path runs it in the driver for each bucket a small batch touches
 (``driver.current``), reading a bucket once per run and keeping its rows (a keyed table's
-found by key: ``merge_keyed``) for the run's next batch; the Spark path runs it in the batch's write job (``current_output``):
-the events are shuffled by their current-state bucket and each touched bucket's task reads
-that bucket's files (and nothing else) and writes the bucket's new file itself, beside the
-changelog the job writes; only the file's name returns. So a batch rewrites the buckets it
-touches, in Arrow, with no job of its own; a table whose columns the kernel does not cover
-(nested types) keeps ``sink.update_current``'s separate Spark job.
+found by key: ``merge_keyed``) for the run's next batch; the Spark path runs it in the
+batch's write job (``current_output``): the events are shuffled by their current-state
+bucket and each touched bucket's task reads that bucket's files (and nothing else) and
+writes the bucket's new file itself, beside the changelog the job writes; only the file's
+name returns. So a batch rewrites the buckets it touches, in Arrow, with no job of its own;
+a table whose columns the kernel does not cover (nested types) keeps
+``sink.update_current``'s separate Spark job.
 """
 from __future__ import annotations
 

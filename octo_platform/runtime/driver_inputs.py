@@ -182,7 +182,6 @@ def _rows_schema(parsed: Any):
 
 def _upstream(pipe: TableRun, src: Any, got: dict[str, Any] | None) -> pa.Table:
     """Weighted rows of an upstream table's change events between two versions."""
-
     upstream = pipe.project.table(src.name)
     path = pipe.layout.changelog(upstream.name)
     files = pipe.env.store.added_files(path, got["from"], got["to"]) if got else []

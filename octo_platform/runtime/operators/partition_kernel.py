@@ -93,7 +93,6 @@ class PartitionState:
     def local_rows(self, files: list[StateFile]) -> pa.Table | None:
         """The pinned files' rows, read with Arrow (None when one is remote); each file's
         bucket is its partition's."""
-
         schema, parts = self.stored(), []
         for f in files:
             path = local_path(f["uri"])
