@@ -49,6 +49,7 @@ from octo_platform.runtime.operators.kernels import (
 from octo_platform.runtime.operators.partition_kernel import OverKernel, SessionKernel, \
     TopNKernel
 from octo_platform.runtime.operators.spark_hash import hashable, spark_hash, spark_pmod
+from octo_platform.runtime.operators.value_filter import ValueFilter
 from octo_platform.runtime.driver_inputs import LocalInputs, read_local
 from octo_platform.runtime.inputs import read_inputs, set_watermarks, settle_inputs
 from octo_platform.runtime.metrics import read_observed
@@ -245,8 +246,14 @@ def evaluate(node: Any, lc: LocalContext, tables: dict[str, pa.Table]) -> pa.Tab
         table, steps = evaluate(node.input, lc, tables), node.steps
         if node.id in lc.kept:  # its first filter was evaluated with the read
             table, steps = table.filter(lc.kept[node.id]), steps[1:]
-        while steps and (picked := _columns(steps[0], table)) is not None:
-            table = table.select(picked).rename_columns([*steps[0][1], WEIGHT])
+        while steps:  # what needs no Spark call, or one about a few values only
+            if (picked := _columns(steps[0], table)) is not None:
+                table = table.select(picked).rename_columns([*steps[0][1], WEIGHT])
+            elif steps[0][0] == "filter" and \
+                    (by_value := ValueFilter.of(lc, table, steps[0][2][0])) is not None:
+                table = by_value.apply(lc, table)
+            else:
+                break
             steps = steps[1:]
         if not steps:
             return table
