@@ -1,7 +1,8 @@
 """``ValueFilter``: a driver-path filter asked of Spark once per distinct value of the
 columns it reads keeps exactly the rows Spark's own filter keeps (NULLs, repeated values,
 strings, dates, timestamps, decimals, booleans), asks nothing about values it has seen,
-and is not taken where the answer may depend on more than the values Arrow groups."""
+and is not taken where the answer may depend on more than the values Arrow groups (or on
+the clock)."""
 from __future__ import annotations
 
 import random
@@ -85,6 +86,8 @@ def test_values_seen_are_not_asked_again(spark):
     assert ValueFilter.of(lc, rows, CONDITIONS[1]) is by_value  # one per run
 
 
-@pytest.mark.parametrize("condition", ["rand() < 0.5", "x > 0", "1 = 1"])
+@pytest.mark.parametrize("condition", [
+    "rand() < 0.5", "x > 0", "1 = 1", "ts > now() - INTERVAL 1 HOUR",
+    "CAST(ts AS DATE) = current_date()", "k < unix_timestamp()", "ts < localtimestamp()"])
 def test_conditions_a_value_does_not_decide_are_left_to_spark(spark, condition):
     assert ValueFilter.of(_context(spark), _rows(10, 1), condition) is None

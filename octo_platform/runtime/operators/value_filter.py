@@ -10,7 +10,10 @@ never a second evaluator's: a filter on a category or a state (``p.state IN ('OR
 thousands of rows with a few distinct values asks about those few (no Spark job).
 
 Columns of floating-point or nested types are not taken (Arrow groups -0.0 with 0.0 and
-NaNs together, which an expression may tell apart), nor conditions that read no column.
+NaNs together, which an expression may tell apart), nor conditions that read no column,
+nor those that read the clock or the session (``current_timestamp()``, ``now()``,
+``current_date()``...: Spark calls them deterministic, as they are within one query, but
+their answer changes from batch to batch).
 """
 from __future__ import annotations
 
@@ -46,7 +49,7 @@ class ValueFilter:
         def make() -> ValueFilter | None:
             analyzed = lc.frame(table).filter(condition)._jdf.queryExecution().analyzed()
             cond = analyzed.condition()
-            if not cond.deterministic():
+            if not cond.deterministic() or _reads_the_clock(cond):
                 return None
             refs = cond.references().toList()
             names = [refs.apply(i).name() for i in range(refs.size())]
@@ -80,3 +83,13 @@ class ValueFilter:
         mask = np.zeros(table.num_rows, bool)
         mask[matched["_i"].to_numpy()] = matched[_KEEP].to_numpy(zero_copy_only=False)
         return table.filter(pa.array(mask))
+
+
+def _reads_the_clock(expr) -> bool:  # a Catalyst expression, through py4j
+    """Whether the expression or one below it is a ``Current*`` one (the time, the date, the
+    user...), ``now()`` or ``localtimestamp()``."""
+    name = expr.getClass().getSimpleName()
+    if name.startswith("Current") or name in ("Now", "LocalTimestamp"):
+        return True
+    children = expr.children()
+    return any(_reads_the_clock(children.apply(i)) for i in range(children.size()))
