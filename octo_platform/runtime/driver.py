@@ -250,8 +250,9 @@ def evaluate(node: Any, lc: LocalContext, tables: dict[str, pa.Table]) -> pa.Tab
             if (picked := _columns(steps[0], table)) is not None:
                 table = table.select(picked).rename_columns([*steps[0][1], WEIGHT])
             elif steps[0][0] == "filter" and \
-                    (by_value := ValueFilter.of(lc, table, steps[0][2][0])) is not None:
-                table = by_value.apply(lc, table)
+                    (by_value := ValueFilter.of(lc, table, steps[0][2][0])) is not None \
+                    and (kept := by_value.apply(lc, table)) is not None:
+                table = kept
             else:
                 break
             steps = steps[1:]

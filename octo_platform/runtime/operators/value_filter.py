@@ -31,6 +31,9 @@ if TYPE_CHECKING:
 __all__ = ["ValueFilter"]
 
 _ANSWERS = 100_000  # answers kept per condition: past this, new ones are used, not kept
+# At most this many distinct values a batch (each answer is looked up in Python): a filter
+# of a 300K-event window batch over as many distinct values took 2.6 s instead of 0.6 s.
+_DISTINCT = 5_000
 _KEEP = "__octo_keep"
 
 
@@ -61,12 +64,18 @@ class ValueFilter:
             return ValueFilter(condition, list(dict.fromkeys(names)))
         return lc.once(f"value-filter:{condition}:{table.schema}", make)
 
-    def apply(self, lc: LocalContext, table: pa.Table) -> pa.Table:
-        """The rows of ``table`` the condition keeps (true; not false or NULL)."""
+    def apply(self, lc: LocalContext, table: pa.Table) -> pa.Table | None:
+        """The rows of ``table`` the condition keeps (true; not false or NULL); None when
+        asking about values would not gain (more than ``_DISTINCT`` of them, or more new
+        ones than half the rows): Spark then filters the rows themselves."""
         cols = self.columns
         distinct = table.select(cols).group_by(cols, use_threads=False).aggregate([])
+        if distinct.num_rows > _DISTINCT:
+            return None
         values = [tuple(r.values()) for r in distinct.to_pylist()]
         new = [i for i, v in enumerate(values) if v not in self.answers]
+        if len(new) > table.num_rows // 2:
+            return None
         answers = self.answers if len(self.answers) + len(new) <= _ANSWERS else \
             dict(self.answers)
         if new:
