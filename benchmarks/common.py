@@ -85,6 +85,17 @@ def write_json(path: Path, obj: Any) -> Path:
     return path
 
 
+def repeated(fn: Callable[[], Any], repeat: int) -> list[float]:
+    """Seconds of each of ``repeat`` calls of ``fn``, after one call not timed (warm-up)."""
+    fn()
+    secs = []
+    for _ in range(repeat):
+        start = time.perf_counter()
+        fn()
+        secs.append(time.perf_counter() - start)
+    return secs
+
+
 def human(n: int) -> str:
     """1000000 -> '1M', 10000 -> '10K'."""
     return f"{n / 1e6:g}M" if n >= 1_000_000 else f"{n / 1e3:g}K" if n >= 1000 else str(n)

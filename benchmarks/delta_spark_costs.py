@@ -22,12 +22,11 @@ import argparse
 import shutil
 import statistics
 import sys
-import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from common import log, session  # noqa: E402
+from common import log, repeated, session  # noqa: E402
 
 BUCKETS = 8
 
@@ -43,13 +42,7 @@ def table(n: int, seed: int):
 
 
 def timed(fn, repeat: int) -> float:
-    fn()  # warm-up
-    times = []
-    for _ in range(repeat):
-        t = time.perf_counter()
-        fn()
-        times.append(time.perf_counter() - t)
-    return statistics.median(times)
+    return statistics.median(repeated(fn, repeat))
 
 
 def main(argv: list[str] | None = None) -> int:

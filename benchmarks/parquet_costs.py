@@ -17,7 +17,6 @@ import io
 import statistics
 import sys
 import tempfile
-import time
 from collections.abc import Callable
 from pathlib import Path
 
@@ -30,14 +29,11 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from octo_platform.runtime.operators.arrow import read_parquet  # noqa: E402
 from octo_platform.runtime.writes import parquet_options  # noqa: E402
 
+from common import repeated  # noqa: E402
+
 
 def timed(label: str, fn: Callable[[], object], repeat: int, extra: str = "") -> None:
-    fn()  # warm-up
-    secs = []
-    for _ in range(repeat):
-        start = time.perf_counter()
-        fn()
-        secs.append(time.perf_counter() - start)
+    secs = repeated(fn, repeat)
     print(f"{label:<70} min {min(secs) * 1000:7.1f} ms  median "
           f"{statistics.median(secs) * 1000:7.1f} ms{extra}")
 
