@@ -58,7 +58,7 @@ from octo_platform.runtime.current import current_key, files_by_bucket, kernel_c
 from octo_platform.runtime.operators.keyed_rows import KeyedRows
 from octo_platform.runtime.operators.tasks import read_bucket
 from octo_platform.runtime.sink import appends_current, event_bucket, write_dead_letters
-from octo_platform.runtime.writes import LocalOutput, threaded, write_local
+from octo_platform.runtime.writes import LocalOutput, by_bucket, threaded, write_local
 from octo_platform.sqltext import quote, unquote
 
 if TYPE_CHECKING:
@@ -407,7 +407,7 @@ def current(pipe: TableRun, ctx: BatchContext, events: pa.Table, pinned: dict[st
     new = pa.Table.from_struct_array(after["after"]).append_column(BUCKET, after[BUCKET])
     if appends_current(pipe, pinned):
         return LocalOutput("current", path, new, bucketed=True), None
-    touched = sorted(pc.unique(events.column(BUCKET)).to_pylist())
+    changes = dict(by_bucket(events))  # each touched bucket's events
     store, image = pipe.env.store, events.schema.field("after").type
     schema = pa.schema(list(image))
     if not kernel_covers(pipe, schema):
@@ -422,14 +422,13 @@ def current(pipe: TableRun, ctx: BatchContext, events: pa.Table, pinned: dict[st
         if rows is None:
             rows = read_bucket(reader, path, files.get(b, []), schema)
             rows = KeyedRows(rows, keys) if keyed else rows
-        changes = events.filter(pc.equal(events[BUCKET], b))
         if keyed:
-            rows = merge_keyed(rows, changes)
+            rows = merge_keyed(rows, changes[b])
             return rows, rows.table()
-        rows = merge_current(rows, changes, keys, keyed)
+        rows = merge_current(rows, changes[b], keys, keyed=False)
         return rows, rows
-    done = threaded(bucket, touched)
+    done = threaded(bucket, list(changes))
     kept.update((b, rows) for b, (rows, _) in done)
     out = concat([rows.append_column(BUCKET, pa.array(np.full(rows.num_rows, b, np.int32)))
                   for b, (_, rows) in done], schema.append(pa.field(BUCKET, pa.int32())))
-    return LocalOutput("current", path, out, bucketed=True, replace=set(touched)), kept
+    return LocalOutput("current", path, out, bucketed=True, replace=set(changes)), kept

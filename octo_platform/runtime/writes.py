@@ -30,7 +30,7 @@ if TYPE_CHECKING:
     from pyspark.sql import DataFrame
 
 __all__ = ["Output", "write_outputs", "file_batch", "file_token", "LocalOutput", "write_local",
-           "WRITTEN_SCHEMA", "written_schema", "parquet_options", "threaded"]
+           "WRITTEN_SCHEMA", "written_schema", "parquet_options", "threaded", "by_bucket"]
 
 APP_ID = "octo"
 _FILE_BATCH = re.compile(r"-b(\d{8,})-")  # a written file's name: <prefix>-b<batch>-<ids>
