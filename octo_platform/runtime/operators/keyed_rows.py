@@ -164,8 +164,11 @@ class _Run:
 
 
 def _argsort(hashes: np.ndarray) -> np.ndarray:
-    """``np.argsort(hashes)``: of many hashes, by their top bits' parts (each part's hashes
-    below the next part's), each sorted in a thread."""
+    """``np.argsort(hashes)``: none when they are sorted already (rows ``KeyedRows.table``
+    gave, as written); of many hashes, by their top bits' parts (each part's hashes below
+    the next part's), each sorted in a thread."""
+    if not np.any(hashes[1:] < hashes[:-1]):
+        return np.arange(len(hashes))
     if len(hashes) < _PARALLEL_SORT:
         return np.argsort(hashes)
     top = (hashes >> np.uint64(64 - _SORT_BITS)).astype(np.uint8)
@@ -208,12 +211,17 @@ class KeyedRows:
         return int(len(self._dead) - self._dead.sum()) + len(self._recent.at)
 
     def table(self) -> pa.Table:
-        """Every row (in no particular order)."""
+        """Every row, in the order of its key's hash (a table written from it is indexed
+        again with no sort): the recent run's rows inserted among the base's."""
         if self._scan is not None:
             return self._scan
         live = np.flatnonzero(~self._dead)
-        return concat([self._base.take(live), self._recent.take(np.arange(len(
-            self._recent.at)))], self.schema)
+        base, recent = self._base, self._recent
+        if not len(recent.at):
+            return base.take(live)
+        at = np.insert(base.at[live], np.searchsorted(base.hashes[live], recent.hashes, "right"),
+                       recent.at + base.rows.num_rows)
+        return concat([base.rows, recent.rows], self.schema).take(pa.array(at))
 
     def find(self, probe: pa.Table) -> Found:
         """The rows whose key equals (``<=>``) some row of ``probe[keys]``."""
