@@ -6,7 +6,10 @@ keys) plus an amortized share of a merge.
 Rows live in two runs, each an Arrow table in any order with an index: a 64-bit hash of the
 key columns per row (``key_hash``), sorted, with each hash's row. The ``base`` run has a
 mask of the rows since replaced; a small ``recent`` run holds the rows written since the
-base was built. A lookup binary-searches both indexes for the hashes of the keys asked,
+base was built. A base loaded out of hash order is first searched by a hash join and
+sorted at its second search (a run of one batch never sorts its state); rows come back
+from ``table`` in hash order, so a table written from them loads with no sort. A lookup
+binary-searches both indexes for the hashes of the keys asked,
 then compares the key columns themselves (NULL equals NULL, NaN equals NaN, -0.0 equals
 0.0, as Spark groups), so a hash collision costs a comparison, never a wrong row. When the
 recent run outgrows a quarter of the base, the two merge into a new base (two sorted
@@ -38,6 +41,10 @@ _PRIME = np.uint64(0x100000001B3)
 # 16 parts found by one stable (radix) sort of the top bits.
 _PARALLEL_SORT = 200_000
 _SORT_BITS = 4
+# From this many rows (out of hash order) a run is first searched by a hash join of the
+# hashes asked, and sorted at its second search: 2M hashes took 55-90 ms to sort, a join
+# of 100K hashes against them ~15 ms (``_Run``).
+_LAZY_ROWS = 200_000
 
 
 def same_values(a: pa.ChunkedArray | pa.Array, b: pa.ChunkedArray | pa.Array
@@ -119,39 +126,59 @@ def key_hash(table: pa.Table, keys: list[str]) -> np.ndarray | None:
 
 
 class _Run:
-    """Rows (in any order) and their keys' hashes, sorted: row ``at[j]`` has hash
-    ``hashes[j]``. Merging runs copies no rows: tables concatenate by chunks."""
+    """Rows (in any order) and their keys' hashes. Indexed (``at`` set): ``hashes`` sorted,
+    row ``at[j]`` has hash ``hashes[j]``. Not yet (``at`` None): ``hashes[i]`` is row
+    ``i``'s, and a search is a hash join of the hashes asked; the first search marks the
+    run, and the next one (the run's next batch) sorts it (``indexed``): a run searched
+    once, as a run of one batch searches its state, is never sorted. Merging runs copies
+    no rows: tables concatenate by chunks."""
 
-    def __init__(self, rows: pa.Table, hashes: np.ndarray, at: np.ndarray) -> None:
+    def __init__(self, rows: pa.Table, hashes: np.ndarray, at: np.ndarray | None) -> None:
         self.rows, self.hashes, self.at = rows, hashes, at
+        self.searched = False
 
     @staticmethod
-    def of(rows: pa.Table, hashes: np.ndarray) -> _Run:
+    def of(rows: pa.Table, hashes: np.ndarray, lazy: bool = False) -> _Run:
+        """A run of ``rows`` with their keys' ``hashes``: indexed now when they come in
+        hash order (as ``KeyedRows.table`` gives them) or unless ``lazy``."""
+        if not np.any(hashes[1:] < hashes[:-1]):
+            return _Run(rows, hashes, np.arange(len(hashes)))
+        if lazy:
+            return _Run(rows, hashes, None)
         order = _argsort(hashes)
         return _Run(rows, hashes[order], order)
 
+    def indexed(self) -> _Run:
+        if self.at is not None:
+            return self
+        return _Run.of(self.rows, self.hashes)
+
     def pairs(self, hashes: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-        """(i, j) for each asked hash ``hashes[i]`` and sorted position ``j`` of that
-        hash."""
+        """(i, r) for each asked hash ``hashes[i]`` and row ``r`` of that hash."""
+        if self.at is None:
+            asked = pa.table({"h": hashes, "i": np.arange(len(hashes))})
+            mine = pa.table({"h": self.hashes, "r": np.arange(len(self.hashes))})
+            got = mine.join(asked, "h", join_type="inner", use_threads=False)
+            return got["i"].to_numpy(), got["r"].to_numpy()
         order = np.argsort(hashes)  # sorted, each search starts where the last one ended
         ordered = hashes[order]
         lo = np.searchsorted(self.hashes, ordered, "left")
         counts = np.searchsorted(self.hashes, ordered, "right") - lo
         asked = np.repeat(order, counts)
         first = np.repeat(lo - np.concatenate([[0], np.cumsum(counts)[:-1]]), counts)
-        return asked, first + np.arange(len(asked))
+        return asked, self.at[first + np.arange(len(asked))]
 
-    def take(self, positions: np.ndarray) -> pa.Table:
-        return self.rows.take(pa.array(self.at[positions]))
+    def take(self, rows: np.ndarray) -> pa.Table:
+        return self.rows.take(pa.array(rows))
 
-    def without(self, positions: np.ndarray) -> _Run:
-        keep = np.ones(len(self.hashes), bool)
-        keep[positions] = False
+    def without(self, dead: np.ndarray) -> _Run:
+        """The indexed run without the rows ``dead`` flags (by row)."""
+        keep = ~dead[self.at]
         return _Run(self.rows, self.hashes[keep], self.at[keep])
 
     def merged(self, other: _Run) -> _Run:
-        """Both runs as one (a stable sort of two sorted runs is a linear merge); rows no
-        position names are dropped once they outnumber the rest."""
+        """Both indexed runs as one (a stable sort of two sorted runs is a linear merge);
+        rows no position names are dropped once they outnumber the rest."""
         rows = pa.concat_tables([self.rows, other.rows])
         hashes = np.concatenate([self.hashes, other.hashes])
         at = np.concatenate([self.at, other.at + self.rows.num_rows])
@@ -162,13 +189,16 @@ class _Run:
                        np.arange(len(run.at), dtype=np.int64))
         return run
 
+    def dead(self) -> np.ndarray:
+        """A mask of the run's rows its index does not name (all but those ``at`` holds)."""
+        dead = np.ones(self.rows.num_rows, bool)
+        dead[self.at] = False
+        return dead
+
 
 def _argsort(hashes: np.ndarray) -> np.ndarray:
-    """``np.argsort(hashes)``: none when they are sorted already (rows ``KeyedRows.table``
-    gave, as written); of many hashes, by their top bits' parts (each part's hashes below
-    the next part's), each sorted in a thread."""
-    if not np.any(hashes[1:] < hashes[:-1]):
-        return np.arange(len(hashes))
+    """``np.argsort(hashes)``: of many hashes, by their top bits' parts (each part's hashes
+    below the next part's), each sorted in a thread."""
     if len(hashes) < _PARALLEL_SORT:
         return np.argsort(hashes)
     top = (hashes >> np.uint64(64 - _SORT_BITS)).astype(np.uint8)
@@ -181,7 +211,7 @@ def _argsort(hashes: np.ndarray) -> np.ndarray:
 @dataclass(frozen=True)
 class Found:
     """What ``KeyedRows.find`` found: the ``rows`` of the distinct keys ``asked``, and
-    where they are (sorted positions in the base and the recent run)."""
+    where they are (rows of the base and of the recent run)."""
 
     rows: pa.Table
     asked: pa.Table
@@ -199,8 +229,8 @@ class KeyedRows:
         hashes = key_hash(rows, keys) if keys else None
         self._scan: pa.Table | None = rows if hashes is None else None
         if hashes is not None:
-            self._base = _Run.of(rows, hashes)
-            self._dead = np.zeros(rows.num_rows, bool)  # by sorted position in the base
+            self._base = _Run.of(rows, hashes, lazy=rows.num_rows >= _LAZY_ROWS)
+            self._dead = np.zeros(rows.num_rows, bool)  # the base's rows since replaced
             self._recent = _Run(rows.schema.empty_table(), hashes[:0], hashes[:0].view(
                 np.int64))
 
@@ -211,16 +241,20 @@ class KeyedRows:
         return int(len(self._dead) - self._dead.sum()) + len(self._recent.at)
 
     def table(self) -> pa.Table:
-        """Every row, in the order of its key's hash (a table written from it is indexed
-        again with no sort): the recent run's rows inserted among the base's."""
+        """Every row; in the order of its key's hash once the base is indexed (a table
+        written from it is indexed again with no sort): the recent run's rows inserted
+        among the base's."""
         if self._scan is not None:
             return self._scan
-        live = np.flatnonzero(~self._dead)
         base, recent = self._base, self._recent
-        if not len(recent.at):
-            return base.take(live)
-        at = np.insert(base.at[live], np.searchsorted(base.hashes[live], recent.hashes, "right"),
-                       recent.at + base.rows.num_rows)
+        if base.at is None:
+            return concat([base.rows.filter(pa.array(~self._dead)), recent.take(recent.at)],
+                          self.schema)
+        live = ~self._dead[base.at]
+        at = base.at[live]
+        if len(recent.at):
+            at = np.insert(at, np.searchsorted(base.hashes[live], recent.hashes, "right"),
+                           recent.at + base.rows.num_rows)
         return concat([base.rows, recent.rows], self.schema).take(pa.array(at))
 
     def find(self, probe: pa.Table) -> Found:
@@ -228,6 +262,9 @@ class KeyedRows:
         asked = self._distinct(probe)
         if self._scan is not None:
             return Found(self._scan_matches(asked, "left semi"), asked)
+        if self._base.searched:
+            self._base = self._base.indexed()  # the same rows, found faster from now on
+        self._base.searched = True
         hashes = key_hash(asked, self.keys)
         base = self._matches(self._base, asked, hashes)
         base = base[~self._dead[base]]
@@ -248,12 +285,14 @@ class KeyedRows:
         new._scan = None
         dead = self._dead.copy()
         dead[found.base] = True
-        recent = self._recent.without(found.recent).merged(
+        gone = np.zeros(self._recent.rows.num_rows, bool)
+        gone[found.recent] = True
+        recent = self._recent.without(gone).merged(
             _Run.of(rows, key_hash(rows, self.keys)))
         live = len(dead) - int(dead.sum())
         if len(recent.at) * 4 > live:  # rebuild: one run of every row
-            base = self._base.without(np.flatnonzero(dead)).merged(recent)
-            new._base, new._dead = base, np.zeros(len(base.at), bool)
+            base = self._base.indexed().without(dead).merged(recent)
+            new._base, new._dead = base, base.dead()
             new._recent = _Run(self.schema.empty_table(), base.hashes[:0], base.at[:0])
         else:
             new._base, new._dead, new._recent = self._base, dead, recent
@@ -268,16 +307,16 @@ class KeyedRows:
         return keys.group_by(self.keys, use_threads=False).aggregate([])
 
     def _matches(self, run: _Run, asked: pa.Table, hashes: np.ndarray) -> np.ndarray:
-        """Positions in ``run`` of the rows whose key is one of ``asked``'s (distinct)."""
-        i, j = run.pairs(hashes)
-        if not len(j):
-            return j
-        equal = pa.array(np.ones(len(j), bool))
-        ii, jj = pa.array(i), pa.array(run.at[j])
+        """The rows of ``run`` whose key is one of ``asked``'s (distinct)."""
+        i, r = run.pairs(hashes)
+        if not len(r):
+            return r
+        equal = pa.array(np.ones(len(r), bool))
+        ii, rr = pa.array(i), pa.array(r)
         for k in self.keys:
             equal = pc.and_(equal, same_values(asked.column(k).take(ii),
-                                               run.rows.column(k).take(jj)))
-        return j[equal.to_numpy(zero_copy_only=False)]
+                                               run.rows.column(k).take(rr)))
+        return r[equal.to_numpy(zero_copy_only=False)]
 
     def _scan_matches(self, asked: pa.Table, how: str) -> pa.Table:
         assert self._scan is not None
