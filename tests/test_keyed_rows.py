@@ -42,11 +42,12 @@ def _sorted(rows: list[dict]) -> list[tuple]:
 
 @pytest.mark.parametrize("kinds", [["int"], ["str"], ["float"], ["int", "str"],
                                    ["bool", "float", "int"], ["dec"], ["int", "dec"]])
-@pytest.mark.parametrize("seed,collide,lazy", [(1, False, False), (2, False, True),
-                                               (3, True, False), (4, True, True)])
-def test_find_and_replace_equal_a_model(kinds, seed, collide, lazy, monkeypatch):
-    """``lazy``: the rows first loaded are searched by a hash join until their second search
-    (as from ``_LAZY_ROWS`` rows)."""
+@pytest.mark.parametrize("seed,collide,lazy,kept", [
+    (1, False, False, False), (2, False, True, False), (3, True, False, False),
+    (4, True, True, True), (5, False, True, True)])
+def test_find_and_replace_equal_a_model(kinds, seed, collide, lazy, kept, monkeypatch):
+    """``lazy``: the rows first loaded are searched by a hash join, then sorted (as from
+    ``_LAZY_ROWS`` rows); ``kept``: sorted in the background after the first search."""
     monkeypatch.setattr(keyed_rows, "_LAZY_ROWS", 0 if lazy else 10**9)
     if collide:  # four hashes in all: nearly every lookup meets other keys' rows
         real = keyed_rows.key_hash
@@ -62,7 +63,7 @@ def test_find_and_replace_equal_a_model(kinds, seed, collide, lazy, monkeypatch)
                 for _ in range(n)]
 
     model = rows(60)
-    cache = KeyedRows(pa.Table.from_pylist(model, schema), keys)
+    cache = KeyedRows(pa.Table.from_pylist(model, schema), keys, kept=kept)
     for step in range(25):
         probe = rows(rnd.randint(0, 6))
         asked = {_key(r, keys) for r in probe}

@@ -421,7 +421,7 @@ def current(pipe: TableRun, ctx: BatchContext, events: pa.Table, pinned: dict[st
         rows = kept.get(b)
         if rows is None:
             rows = read_bucket(reader, path, files.get(b, []), schema)
-            rows = KeyedRows(rows, keys) if keyed else rows
+            rows = KeyedRows(rows, keys, kept=True) if keyed else rows
         if keyed:
             rows = merge_keyed(rows, changes[b])
             return rows, rows.table()

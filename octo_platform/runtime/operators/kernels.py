@@ -130,7 +130,7 @@ class LocalContext:
         if got is not None and got[0] == version:
             return got[1]
         rows = local(self.ctx.state_log(table))
-        cache = KeyedRows(load().toArrow() if rows is None else rows, keys)
+        cache = KeyedRows(load().toArrow() if rows is None else rows, keys, kept=True)
         self.ctx.memo[f"cache:{table}"] = (version, cache)
         return cache
 

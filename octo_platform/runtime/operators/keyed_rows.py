@@ -6,8 +6,8 @@ keys) plus an amortized share of a merge.
 Rows live in two runs, each an Arrow table in any order with an index: a 64-bit hash of the
 key columns per row (``key_hash``), sorted, with each hash's row. The ``base`` run has a
 mask of the rows since replaced; a small ``recent`` run holds the rows written since the
-base was built. A base loaded out of hash order is first searched by a hash join and
-sorted at its second search (a run of one batch never sorts its state); rows come back
+base was built. A base loaded out of hash order is first searched by a hash join, and
+sorted for the next search (in the background when kept for later batches); rows come back
 from ``table`` in hash order, so a table written from them loads with no sort. A lookup
 binary-searches both indexes for the hashes of the keys asked,
 then compares the key columns themselves (NULL equals NULL, NaN equals NaN, -0.0 equals
@@ -21,6 +21,7 @@ all rows per lookup: still correct, O(state).
 """
 from __future__ import annotations
 
+from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -42,9 +43,10 @@ _PRIME = np.uint64(0x100000001B3)
 _PARALLEL_SORT = 200_000
 _SORT_BITS = 4
 # From this many rows (out of hash order) a run is first searched by a hash join of the
-# hashes asked, and sorted at its second search: 2M hashes took 55-90 ms to sort, a join
-# of 100K hashes against them ~15 ms (``_Run``).
+# hashes asked, and sorted for the next search: 2M hashes took 55-90 ms to sort, a join of
+# 100K hashes against them ~25 ms (``_Run``).
 _LAZY_ROWS = 200_000
+_INDEXER = ThreadPoolExecutor(1, thread_name_prefix="octo-index")  # sorts runs kept for later
 
 
 def same_values(a: pa.ChunkedArray | pa.Array, b: pa.ChunkedArray | pa.Array
@@ -128,14 +130,14 @@ def key_hash(table: pa.Table, keys: list[str]) -> np.ndarray | None:
 class _Run:
     """Rows (in any order) and their keys' hashes. Indexed (``at`` set): ``hashes`` sorted,
     row ``at[j]`` has hash ``hashes[j]``. Not yet (``at`` None): ``hashes[i]`` is row
-    ``i``'s, and a search is a hash join of the hashes asked; the first search marks the
-    run, and the next one (the run's next batch) sorts it (``indexed``): a run searched
-    once, as a run of one batch searches its state, is never sorted. Merging runs copies
-    no rows: tables concatenate by chunks."""
+    ``i``'s, and a search is a hash join of the hashes asked; the next search uses the
+    index (``indexed``), sorted meanwhile in the background (``index_later``) or then.
+    Merging runs copies no rows: tables concatenate by chunks."""
 
     def __init__(self, rows: pa.Table, hashes: np.ndarray, at: np.ndarray | None) -> None:
         self.rows, self.hashes, self.at = rows, hashes, at
         self.searched = False
+        self._index: Future | None = None
 
     @staticmethod
     def of(rows: pa.Table, hashes: np.ndarray, lazy: bool = False) -> _Run:
@@ -148,10 +150,16 @@ class _Run:
         order = _argsort(hashes)
         return _Run(rows, hashes[order], order)
 
+    def index_later(self) -> None:
+        """Start sorting the run in the background (for ``indexed``)."""
+        if self.at is None and self._index is None:
+            self._index = _INDEXER.submit(_Run.of, self.rows, self.hashes)
+
     def indexed(self) -> _Run:
         if self.at is not None:
             return self
-        return _Run.of(self.rows, self.hashes)
+        return self._index.result() if self._index is not None else \
+            _Run.of(self.rows, self.hashes)
 
     def pairs(self, hashes: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
         """(i, r) for each asked hash ``hashes[i]`` and row ``r`` of that hash."""
@@ -222,10 +230,12 @@ class Found:
 class KeyedRows:
     """Rows found by the values of ``keys`` (several rows may share a key: a multiset's
     values). ``find`` gives the rows of some keys; ``replace`` gives a new version where
-    the rows of some keys are replaced."""
+    the rows of some keys are replaced. ``kept``: the rows are kept for later batches (a
+    run's state cache), so many rows out of hash order, first searched by a hash join, are
+    sorted in the background after that search, not at the next one."""
 
-    def __init__(self, rows: pa.Table, keys: list[str]) -> None:
-        self.keys, self.schema = keys, rows.schema
+    def __init__(self, rows: pa.Table, keys: list[str], kept: bool = False) -> None:
+        self.keys, self.schema, self._kept = keys, rows.schema, kept
         hashes = key_hash(rows, keys) if keys else None
         self._scan: pa.Table | None = rows if hashes is None else None
         if hashes is not None:
@@ -264,6 +274,8 @@ class KeyedRows:
             return Found(self._scan_matches(asked, "left semi"), asked)
         if self._base.searched:
             self._base = self._base.indexed()  # the same rows, found faster from now on
+        elif self._kept:
+            self._base.index_later()
         self._base.searched = True
         hashes = key_hash(asked, self.keys)
         base = self._matches(self._base, asked, hashes)
@@ -277,7 +289,7 @@ class KeyedRows:
         keys are among the keys ``found`` was asked for)."""
         rows = rows.select(self.schema.names).cast(self.schema)
         new = object.__new__(KeyedRows)
-        new.keys, new.schema = self.keys, self.schema
+        new.keys, new.schema, new._kept = self.keys, self.schema, self._kept
         if self._scan is not None:
             new._scan = concat([self._scan_matches(found.asked, "left anti"), rows],
                                self.schema)
