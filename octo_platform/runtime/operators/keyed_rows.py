@@ -251,21 +251,13 @@ class KeyedRows:
         return int(len(self._dead) - self._dead.sum()) + len(self._recent.at)
 
     def table(self) -> pa.Table:
-        """Every row; in the order of its key's hash once the base is indexed (a table
-        written from it is indexed again with no sort): the recent run's rows inserted
-        among the base's."""
+        """Every row (in no particular order)."""
         if self._scan is not None:
             return self._scan
         base, recent = self._base, self._recent
-        if base.at is None:
-            return concat([base.rows.filter(pa.array(~self._dead)), recent.take(recent.at)],
-                          self.schema)
-        live = ~self._dead[base.at]
-        at = base.at[live]
-        if len(recent.at):
-            at = np.insert(at, np.searchsorted(base.hashes[live], recent.hashes, "right"),
-                           recent.at + base.rows.num_rows)
-        return concat([base.rows, recent.rows], self.schema).take(pa.array(at))
+        live = base.rows.filter(pa.array(~self._dead)) if base.at is None else \
+            base.take(base.at[~self._dead[base.at]])
+        return concat([live, recent.take(recent.at)], self.schema)
 
     def find(self, probe: pa.Table) -> Found:
         """The rows whose key equals (``<=>``) some row of ``probe[keys]``."""
