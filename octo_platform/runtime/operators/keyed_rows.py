@@ -6,9 +6,9 @@ keys) plus an amortized share of a merge.
 Rows live in two runs, each an Arrow table in any order with an index: a 64-bit hash of the
 key columns per row (``key_hash``), sorted, with each hash's row. The ``base`` run has a
 mask of the rows since replaced; a small ``recent`` run holds the rows written since the
-base was built. A base loaded out of hash order is first searched by a hash join, and
-sorted for the next search (in the background when kept for later batches); rows come back
-from ``table`` in hash order, so a table written from them loads with no sort. A lookup
+base was built. Rows loaded in hash order need no sort; many rows loaded out of it are
+first searched by a hash join, and sorted for the next search (in the background when kept
+for later batches), so a run of one batch never waits for a sort of its state. A lookup
 binary-searches both indexes for the hashes of the keys asked,
 then compares the key columns themselves (NULL equals NULL, NaN equals NaN, -0.0 equals
 0.0, as Spark groups), so a hash collision costs a comparison, never a wrong row. When the
@@ -142,7 +142,7 @@ class _Run:
     @staticmethod
     def of(rows: pa.Table, hashes: np.ndarray, lazy: bool = False) -> _Run:
         """A run of ``rows`` with their keys' ``hashes``: indexed now when they come in
-        hash order (as ``KeyedRows.table`` gives them) or unless ``lazy``."""
+        hash order (as a rebuilt base writes them) or unless ``lazy``."""
         if not np.any(hashes[1:] < hashes[:-1]):
             return _Run(rows, hashes, np.arange(len(hashes)))
         if lazy:
