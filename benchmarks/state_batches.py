@@ -4,8 +4,8 @@ N keys of GROUP BY state, each run on a fresh copy of the same primed warehouse.
     PYSPARK_PYTHON=.venv/bin/python .venv/bin/python benchmarks/state_batches.py \
         [--keys 2000000 --batches 2 --repeat 5 --out /tmp/octo-state-batches]
 
-``keyed_agg.py`` times each figure once; on a noisy machine the same code's row moved
-2-4x between runs. Here one priming of N keys (``keyed_agg``'s query and data) is kept,
+``keyed_agg.py`` takes the median of 3 runs per figure; on a noisy machine one run of the
+same code moved 2-4x. Here one priming of N keys (``keyed_agg``'s query and data) is kept,
 and ``--repeat`` runs of ``--batches`` batches each start from a copy of it, after a
 warm-up run on a small separate table; each run's batch seconds are printed, then their
 medians. To compare two checkouts, run it with each first on ``PYTHONPATH`` (the driver and
