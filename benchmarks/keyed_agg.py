@@ -24,7 +24,8 @@ import shutil
 import statistics
 import sys
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -173,29 +174,8 @@ def measure_batch_vs_state(spark: Any, workdir: Path, batch_events: int = 100_00
     rng = np.random.default_rng(7)
     out: dict[str, Any] = {}
     for n in state_keys:
-        work = workdir / f"state-{n}"
-        shutil.rmtree(work, ignore_errors=True)
-        input_dir = work / "input"
-        input_dir.mkdir(parents=True)
-        _write_bids(input_dir / "part-00000.parquet", np.arange(n, dtype=np.int64), rng)
-        project = write_octo_project(input_dir, work)
-        warehouse, primed, later = work / "warehouse", work / "primed", work / "later"
-        t0 = time.perf_counter()
-        run_octo(spark, project, warehouse)
-        log(f"[state] {n} keys primed in {time.perf_counter() - t0:.1f}s")
-        shutil.copytree(warehouse, primed)
-        later.mkdir()
-        for i in (1, 2, 3):
-            _write_bids(later / f"part-0000{i}.parquet",
-                        rng.integers(0, n, batch_events, dtype=np.int64), rng)
-
-        def fresh(files: tuple[int, ...]) -> None:  # the primed warehouse and these files
-            shutil.rmtree(warehouse)
-            shutil.copytree(primed, warehouse)
-            for f in input_dir.glob("part-0000[1-9].parquet"):
-                f.unlink()
-            for i in files:
-                shutil.copy(later / f"part-0000{i}.parquet", input_dir)
+        state = PrimedState.make(spark, workdir / f"state-{n}", n, 3, batch_events, rng)
+        project, warehouse, fresh = state.project, state.warehouse, state.fresh
         first, second = [], []
         for _ in range(repeat):
             fresh((1,))
@@ -224,6 +204,59 @@ def measure_batch_vs_state(spark: Any, workdir: Path, batch_events: int = 100_00
         log(f"[state] the next batch of a run over {n} keys: {statistics.median(second):.2f}s "
             f"(median of {', '.join(f'{x:.2f}' for x in second)})")
     return out
+
+
+@dataclass(frozen=True)
+class PrimedState:
+    """An octo project whose GROUP BY state holds ``keys`` auctions (its warehouse kept in
+    ``primed``), and files of bids over them (``later``, numbered from 1) to run on fresh
+    copies of that warehouse (``fresh``)."""
+
+    work: Path
+    keys: int
+
+    @property
+    def project(self) -> Path:
+        return self.work / "project"
+
+    @property
+    def warehouse(self) -> Path:
+        return self.work / "warehouse"
+
+    @staticmethod
+    def make(spark: Any, work: Path, keys: int, files: int, batch_events: int, rng: Any,
+             reuse: bool = False) -> PrimedState:
+        """Prime the state with one file of ``keys`` distinct auctions (a run, not timed) and
+        write ``files`` files of ``batch_events`` bids over them; with ``reuse``, those an
+        earlier call left in ``work`` for as many files."""
+        state, done = PrimedState(work, keys), work / f"primed-{files}-files"
+        if reuse and done.exists():
+            return state
+        shutil.rmtree(work, ignore_errors=True)
+        (work / "input").mkdir(parents=True)
+        _write_bids(work / "input" / "part-00000.parquet", np.arange(keys, dtype=np.int64),
+                    rng)
+        write_octo_project(work / "input", work)
+        t0 = time.perf_counter()
+        run_octo(spark, state.project, state.warehouse)
+        log(f"[state] {keys} keys primed in {time.perf_counter() - t0:.1f}s")
+        shutil.copytree(state.warehouse, work / "primed")
+        (work / "later").mkdir()
+        for i in range(1, files + 1):
+            _write_bids(work / "later" / f"part-{i:05d}.parquet",
+                        rng.integers(0, keys, batch_events, dtype=np.int64), rng)
+        done.touch()
+        return state
+
+    def fresh(self, files: Iterable[int]) -> None:
+        """The primed warehouse again, and of the later files these alone as input."""
+        shutil.rmtree(self.warehouse)
+        shutil.copytree(self.work / "primed", self.warehouse)
+        for f in (self.work / "input").glob("part-*.parquet"):
+            if f.name != "part-00000.parquet":
+                f.unlink()
+        for i in files:
+            shutil.copy(self.work / "later" / f"part-{i:05d}.parquet", self.work / "input")
 
 
 def _write_bids(path: Path, auctions: Any, rng: Any) -> None:

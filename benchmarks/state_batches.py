@@ -14,7 +14,6 @@ Spark's workers import octo from there), in turn.
 from __future__ import annotations
 
 import argparse
-import shutil
 import statistics
 import sys
 from pathlib import Path
@@ -29,26 +28,6 @@ from common import batch_seconds, log, run_octo, session  # noqa: E402
 BATCH = 100_000
 
 
-def prime(spark, base: Path, work: Path, keys: int, batches: int) -> None:
-    """The warehouse after one batch of ``keys`` distinct auctions, kept in ``base``, and
-    the next batches' files (random keys among them)."""
-    if (base / f"done-{batches}").exists():
-        return
-    shutil.rmtree(base, ignore_errors=True)
-    shutil.rmtree(work, ignore_errors=True)
-    (work / "input").mkdir(parents=True)
-    base.mkdir(parents=True)
-    rng = np.random.default_rng(7)
-    keyed_agg._write_bids(work / "input" / "part-00000.parquet", np.arange(keys), rng)
-    run_octo(spark, keyed_agg.write_octo_project(work / "input", work), work / "warehouse")
-    shutil.copytree(work / "warehouse", base / "warehouse")
-    (base / "next").mkdir()
-    for i in range(1, batches + 1):
-        keyed_agg._write_bids(base / "next" / f"part-{i:05d}.parquet",
-                              rng.integers(0, keys, BATCH, dtype=np.int64), rng)
-    (base / f"done-{batches}").touch()
-
-
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--keys", type=int, default=2_000_000)
@@ -58,27 +37,17 @@ def main(argv: list[str] | None = None) -> int:
     args = p.parse_args(argv)
     spark = session()
     root = Path(args.out)
-    base, work = root / f"base-{args.keys}", root / f"run-{args.keys}"
-    prime(spark, base, work, args.keys, args.batches)
-    warm = root / "warm"
-    shutil.rmtree(warm, ignore_errors=True)
-    (warm / "input").mkdir(parents=True)
-    rng = np.random.default_rng(1)
-    keyed_agg._write_bids(warm / "input" / "part-00000.parquet", np.arange(50_000), rng)
-    keyed_agg._write_bids(warm / "input" / "part-00001.parquet",
-                          rng.integers(0, 50_000, BATCH), rng)
-    run_octo(spark, keyed_agg.write_octo_project(warm / "input", warm), warm / "warehouse")
-    project = keyed_agg.write_octo_project(work / "input", work)
+    state = keyed_agg.PrimedState.make(spark, root / f"state-{args.keys}", args.keys,
+                                       args.batches, BATCH, np.random.default_rng(7),
+                                       reuse=True)
+    warm = keyed_agg.PrimedState.make(spark, root / "warm", 50_000, 1, BATCH,
+                                      np.random.default_rng(1))
+    warm.fresh([1])
+    run_octo(spark, warm.project, warm.warehouse)
     runs = []
     for r in range(args.repeat):
-        shutil.rmtree(work / "warehouse", ignore_errors=True)
-        shutil.copytree(base / "warehouse", work / "warehouse")
-        for f in (work / "input").glob("part-*.parquet"):
-            if f.name != "part-00000.parquet":
-                f.unlink()
-        for f in sorted((base / "next").iterdir())[:args.batches]:
-            shutil.copy(f, work / "input")
-        secs = batch_seconds(run_octo(spark, project, work / "warehouse"))
+        state.fresh(range(1, args.batches + 1))
+        secs = batch_seconds(run_octo(spark, state.project, state.warehouse))
         log(f"run {r}: {', '.join(f'{s:.3f}' for s in secs)} s")
         runs.append(secs)
     medians = [statistics.median(r[i] for r in runs) for i in range(args.batches)]
