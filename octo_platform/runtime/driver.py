@@ -403,9 +403,9 @@ def current(pipe: TableRun, ctx: BatchContext, events: pa.Table, pinned: dict[st
     once per run, then kept (a keyed table's found by key, ``merge_keyed``) while the
     table's version is the one the next batch pins."""
     path = pipe.layout.current(pipe.name)
-    after = events.filter(pc.is_valid(events["after"]))
-    new = pa.Table.from_struct_array(after["after"]).append_column(BUCKET, after[BUCKET])
     if appends_current(pipe, pinned):
+        after = events.filter(pc.is_valid(events["after"]))
+        new = pa.Table.from_struct_array(after["after"]).append_column(BUCKET, after[BUCKET])
         return LocalOutput("current", path, new, bucketed=True), None
     changes = dict(by_bucket(events))  # each touched bucket's events
     store, image = pipe.env.store, events.schema.field("after").type
