@@ -365,3 +365,34 @@ def test_a_continuous_run_replaces_a_query_whose_source_runner_died(spark, tmp_p
     check_tables(spark, tmp_path / "warehouse", sql, {"src": src.relation()},
                  {"per_k": True}, 0)
     assert batch_ids(tmp_path, "per_k") == [0, 1, 2]
+
+
+@pytest.mark.parametrize("stop_at", [("warehouse", "per_k"), ("_current", "per_k")],
+                         ids=["changelog", "current"])
+def test_a_batch_that_died_between_commits_is_finished_in_the_driver(spark, tmp_path,
+                                                                       monkeypatch, stop_at):
+    """``per_k``'s second batch dies right before committing the table at ``stop_at`` (its
+    changelog or current state; the tables before it committed, the others not); its retry
+    resumes it on the driver path, which leaves the committed tables as they are and commits
+    the rest once."""
+    from state.delta import DeltaStore
+
+    monkeypatch.setattr(runner, "RETRY_BASE_S", 0.05)
+    src, sql = make_project(tmp_path, 3, seed=37, sql=LOAD_SQL)
+    commit, died = DeltaStore.commit, []
+
+    def dies_once(self, path, *args, batch, **kwargs):
+        if batch == 1 and not died and Path(path).parts[-2:] == stop_at:
+            died.append(path)
+            raise OSError(f"died before committing {path}")
+        return commit(self, path, *args, batch=batch, **kwargs)
+    monkeypatch.setattr(DeltaStore, "commit", dies_once)
+    report = run_tables(spark, tmp_path, options=default_options(buckets=4, progress=None),
+                        names=["per_k"], until_idle=True)
+    assert died, "the fault must fire"
+    assert any(re.match(r"\[per_k\] batch 1 failed \(.*died before committing", m)
+               for m in report.retries), report.retries
+    assert [(b.batch, b.path) for b in report.for_table("per_k")] == [
+        (0, "driver"), (1, "driver"), (2, "driver")]
+    check(spark, tmp_path, src, sql, tables=("per_k",))
+    assert batch_ids(tmp_path, "per_k") == [0, 1, 2]

@@ -19,7 +19,9 @@ instead of in a Spark job:
    with the batch's app transaction, exactly as the Spark path commits them.
 
 Anything the kernels do not cover raises ``Unsupported`` before a file is written, and the
-batch runs on the Spark path; so does a batch that resumes a half-finished attempt.
+batch runs on the Spark path. A batch that resumes a half-finished attempt runs here too:
+the tables that attempt committed are left as they are (``writes.finished``), the others
+get what it would have written (the same inputs and pinned state give the same rows).
 """
 from __future__ import annotations
 
@@ -132,11 +134,12 @@ def input_rows(pipe: TableRun, inputs: dict[str, Any], limit: int) -> int | None
 
 
 def run_in_driver(pipe: TableRun, ctx: BatchContext, inputs: dict[str, Any], rows: int,
-                  pinned: dict[str, int | None], ts_ms: int,
-                  stats: BatchStats) -> dict[str, int | None]:
-    """Run the batch (``rows``: its input rows, ``input_rows``) in the driver: the new
-    versions of the tables it wrote (``stats`` gets the batch's counts). Raises
-    ``Unsupported`` (before writing anything) for what the kernels lack."""
+                  pinned: dict[str, int | None], ts_ms: int, stats: BatchStats, *,
+                  resumed: bool) -> dict[str, int | None]:
+    """Run the batch (``rows``: its input rows, ``input_rows``; ``resumed``: it finishes an
+    earlier attempt) in the driver: the new versions of the tables it wrote (``stats`` gets
+    the batch's counts). Raises ``Unsupported`` (before writing anything) for what the
+    kernels lack."""
     plan = pipe.table.physical
     lc = LocalContext(ctx, pinned)
     try:
@@ -174,7 +177,7 @@ def run_in_driver(pipe: TableRun, ctx: BatchContext, inputs: dict[str, Any], row
             "table", pa.repeat(pa.scalar(pipe.name, pa.string()), n)).append_column(
             "batch_id", pa.repeat(pa.scalar(ctx.batch, pa.int64()), n)).append_column(
             "ts_ms", pa.repeat(pa.scalar(ts_ms, pa.int64()), n))))
-    versions = write_local(outputs, batch=ctx.batch, store=pipe.env.store)
+    versions = write_local(outputs, batch=ctx.batch, store=pipe.env.store, resumed=resumed)
     lc.settle(versions)
     if kept is not None:
         ctx.memo[_CURRENT] = (versions.get("current"), kept)
@@ -185,7 +188,7 @@ def run_in_driver(pipe: TableRun, ctx: BatchContext, inputs: dict[str, Any], row
     else:
         settle_inputs(observed, stats, ctx.observed)
         if stats.dead_letters:
-            write_dead_letters(pipe, ctx.dead_letters, ctx.batch, ts_ms, resumed=False)
+            write_dead_letters(pipe, ctx.dead_letters, ctx.batch, ts_ms, resumed=resumed)
     return versions
 
 

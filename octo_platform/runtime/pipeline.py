@@ -190,9 +190,10 @@ class Pipeline:
         try:
             versions = None
             rows = input_rows(self, inputs, self.driver_rows) if self.driver_rows else None
-            if not resumed and rows is not None:
+            if rows is not None:
                 try:
-                    written = run_in_driver(self, ctx, inputs, rows, pinned, ts_ms, stats)
+                    written = run_in_driver(self, ctx, inputs, rows, pinned, ts_ms, stats,
+                                            resumed=resumed)
                     versions, stats.path = {**pinned, **written}, "driver"
                 except Unsupported:
                     pass  # before anything was written: the Spark path runs the batch

@@ -94,11 +94,9 @@ def write_outputs(outputs: list[Output], *, batch: int, store: Store,
     a leg that yields no row."""
     from pyspark.sql.pandas.types import to_arrow_schema
 
-    done = {o.key for o in outputs
-            if resumed and store.done(o.path, app_id=APP_ID, batch=batch)}
+    done = finished(outputs, batch=batch, store=store, resumed=resumed)
     todo = [o for o in outputs if o.key not in done]
-    written = Written({o.key: store.version(o.path) for o in outputs if o.key in done}, {},
-                      {o.key for o in todo})
+    written = Written(done, {}, {o.key for o in todo})
     if not todo:
         return written
     schemas = [o.written if o.written is not None
@@ -302,9 +300,22 @@ def threaded(fn: Callable[[T], R], items: list[T]) -> list[tuple[T, R]]:
         return list(zip(items, pool.map(fn, items)))
 
 
-def write_local(outputs: list[LocalOutput], *, batch: int, store: Store) -> dict[str, int | None]:
+def finished(outputs: list[Output] | list[LocalOutput], *, batch: int, store: Store,
+             resumed: bool) -> dict[str, int | None]:
+    """The tables of ``outputs`` that an earlier attempt of batch ``batch`` committed (their
+    app transaction holds the batch), and their versions: written again they would hold
+    the batch twice. ``resumed``: there was an earlier attempt (a first one skips asking)."""
+    if not resumed:
+        return {}
+    return {o.key: store.version(o.path) for o in outputs
+            if store.done(o.path, app_id=APP_ID, batch=batch)}
+
+
+def write_local(outputs: list[LocalOutput], *, batch: int, store: Store,
+                resumed: bool) -> dict[str, int | None]:
     """Write ``outputs`` from the driver as batch ``batch`` and commit each table once, as
-    ``write_outputs`` does for a Spark job's files; each table's version afterwards."""
+    ``write_outputs`` does for a Spark job's files (``resumed`` as there); each table's
+    version afterwards."""
     import pyarrow.parquet as pq
 
     open_output = store.opener()
@@ -321,6 +332,8 @@ def write_local(outputs: list[LocalOutput], *, batch: int, store: Store) -> dict
         return {"path": rel, "size": size, "rows": rows.num_rows,
                 "partition": {BUCKET: bucket} if o.bucketed else {}}
 
+    versions = finished(outputs, batch=batch, store=store, resumed=resumed)
+    outputs = [o for o in outputs if o.key not in versions]
     parts: list[tuple[LocalOutput, int | None, pa.Table]] = []
     for o in outputs:
         if not o.bucketed:
@@ -328,7 +341,6 @@ def write_local(outputs: list[LocalOutput], *, batch: int, store: Store) -> dict
             continue
         parts += [(o, b, rows) for b, rows in by_bucket(o.table)]
     written = threaded(write, [p for p in parts if p[2].num_rows])
-    versions: dict[str, int | None] = {}
     for key in dict.fromkeys(o.key for o in outputs):
         mine = [o for o in outputs if o.key == key]
         added = [w for p, w in written if p[0].key == key]
