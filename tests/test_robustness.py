@@ -369,24 +369,33 @@ def test_a_continuous_run_replaces_a_query_whose_source_runner_died(spark, tmp_p
 
 @pytest.mark.parametrize("stop_at", [("warehouse", "per_k"), ("_current", "per_k")],
                          ids=["changelog", "current"])
+@pytest.mark.parametrize("first", ["driver", "spark"])
 def test_a_batch_that_died_between_commits_is_finished_in_the_driver(spark, tmp_path,
-                                                                       monkeypatch, stop_at):
-    """``per_k``'s second batch dies right before committing the table at ``stop_at`` (its
-    changelog or current state; the tables before it committed, the others not); its retry
-    resumes it on the driver path, which leaves the committed tables as they are and commits
-    the rest once."""
+                                                                       monkeypatch, stop_at,
+                                                                       first):
+    """``per_k``'s second batch, run on the ``first`` path, dies right before committing the
+    table at ``stop_at`` (its changelog or current state; the tables before it committed,
+    the others not); its retry resumes it on the driver path, which leaves the committed
+    tables as they are and commits the rest once."""
+    from octo_platform.runtime.driver import Unsupported
     from state.delta import DeltaStore
 
     monkeypatch.setattr(runner, "RETRY_BASE_S", 0.05)
     src, sql = make_project(tmp_path, 3, seed=37, sql=LOAD_SQL)
-    commit, died = DeltaStore.commit, []
+    commit, in_driver, died = DeltaStore.commit, pipeline.run_in_driver, []
 
     def dies_once(self, path, *args, batch, **kwargs):
         if batch == 1 and not died and Path(path).parts[-2:] == stop_at:
             died.append(path)
             raise OSError(f"died before committing {path}")
         return commit(self, path, *args, batch=batch, **kwargs)
+
+    def first_on_spark(pipe, ctx, *args, **kwargs):
+        if first == "spark" and ctx.batch == 1 and not died:
+            raise Unsupported("the first attempt runs on the Spark path")
+        return in_driver(pipe, ctx, *args, **kwargs)
     monkeypatch.setattr(DeltaStore, "commit", dies_once)
+    monkeypatch.setattr(pipeline, "run_in_driver", first_on_spark)
     report = run_tables(spark, tmp_path, options=default_options(buckets=4, progress=None),
                         names=["per_k"], until_idle=True)
     assert died, "the fault must fire"
@@ -396,3 +405,8 @@ def test_a_batch_that_died_between_commits_is_finished_in_the_driver(spark, tmp_
         (0, "driver"), (1, "driver"), (2, "driver")]
     check(spark, tmp_path, src, sql, tables=("per_k",))
     assert batch_ids(tmp_path, "per_k") == [0, 1, 2]
+    if stop_at[0] == "_current":  # the changelog was committed: the retry wrote none of it
+        from deltalake import DeltaTable
+
+        changelog = tmp_path / "warehouse" / "per_k"
+        assert len(list(changelog.rglob("*.parquet"))) == len(DeltaTable(str(changelog)).file_uris())
