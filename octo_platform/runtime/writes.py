@@ -303,8 +303,9 @@ def threaded(fn: Callable[[T], R], items: list[T]) -> list[tuple[T, R]]:
 def finished(outputs: list[Output] | list[LocalOutput], *, batch: int, store: Store,
              resumed: bool) -> dict[str, int | None]:
     """The tables of ``outputs`` that an earlier attempt of batch ``batch`` committed (their
-    app transaction holds the batch), and their versions: written again they would hold
-    the batch twice. ``resumed``: there was an earlier attempt (a first one skips asking)."""
+    app transaction holds the batch), and their versions: left alone (their commit would
+    be skipped, ``Store.commit``, and their files written for nothing). ``resumed``: there
+    was an earlier attempt (a first one skips asking)."""
     if not resumed:
         return {}
     return {o.key: store.version(o.path) for o in outputs
