@@ -142,24 +142,27 @@ class _Run:
     @staticmethod
     def of(rows: pa.Table, hashes: np.ndarray, lazy: bool = False) -> _Run:
         """A run of ``rows`` with their keys' ``hashes``: indexed now when they come in
-        hash order (as a rebuilt base writes them) or unless ``lazy``."""
+        hash order (no sort) or unless ``lazy``."""
         if not np.any(hashes[1:] < hashes[:-1]):
             return _Run(rows, hashes, np.arange(len(hashes)))
-        if lazy:
-            return _Run(rows, hashes, None)
+        return _Run(rows, hashes, None) if lazy else _Run.sort(rows, hashes)
+
+    @staticmethod
+    def sort(rows: pa.Table, hashes: np.ndarray) -> _Run:
+        """The run of ``rows`` indexed by a sort of their ``hashes`` (not in hash order)."""
         order = _argsort(hashes)
         return _Run(rows, hashes[order], order)
 
     def index_later(self) -> None:
         """Start sorting the run in the background (for ``indexed``)."""
         if self.at is None and self._index is None:
-            self._index = _INDEXER.submit(_Run.of, self.rows, self.hashes)
+            self._index = _INDEXER.submit(_Run.sort, self.rows, self.hashes)
 
     def indexed(self) -> _Run:
         if self.at is not None:
             return self
         return self._index.result() if self._index is not None else \
-            _Run.of(self.rows, self.hashes)
+            _Run.sort(self.rows, self.hashes)
 
     def pairs(self, hashes: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
         """(i, r) for each asked hash ``hashes[i]`` and row ``r`` of that hash."""
