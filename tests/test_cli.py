@@ -13,6 +13,7 @@ from pathlib import Path
 import pytest
 
 from octo_platform.cli import main
+from octo_platform.runtime.class_archive import java_options
 from octo_platform.runtime.session import session_conf, spark_defaults_file, spark_defaults_keys
 
 # Waits on other processes most of the time: runs beside the rest (tests/suite.py).
@@ -98,6 +99,12 @@ def test_spark_defaults_keys_are_left_to_the_file(tmp_path):
     assert "spark.master" not in conf and "spark.sql.shuffle.partitions" not in conf
     assert conf["spark.driver.memory"] == "2g" and conf["spark.ui.enabled"] == "false"
     assert session_conf(master="spark://h:1", environ=environ)["spark.master"] == "spark://h:1"
+    # a caller's defaults are octo's: the file and ``conf`` beat them
+    ours = {"spark.driver.memory": "8g", "spark.driver.extraJavaOptions": "-Da=2"}
+    assert session_conf(environ=environ, defaults=ours) == {
+        **session_conf(environ=environ), "spark.driver.extraJavaOptions": "-Da=2"}
+    assert session_conf(environ=environ, defaults=ours, conf={
+        "spark.driver.extraJavaOptions": "-Db=3"})["spark.driver.extraJavaOptions"] == "-Db=3"
     assert session_conf(environ={"SPARK_CONF_DIR": str(tmp_path / "none")})["spark.master"] \
         == "local[2]"
 
@@ -133,7 +140,9 @@ def test_run_until_idle_with_spark_conf_then_continuous_with_ctrl_c(tmp_path):
         "spark.eventLog.rolling.enabled false\nspark.eventLog.compress false\n"
         "spark.sql.shuffle.partitions=3\nspark.driver.maxResultSize 5m\n")
     # --driver-rows 0: the batch runs as Spark jobs (a small one would run in the driver,
-    # with no shuffle to show the setting).
+    # with no shuffle to show the setting). The driver's JVM maps the class archive (made
+    # now if the suite has not made it yet): no --conf or file sets its options.
+    archive = java_options("")
     res = octo("run", "--all", "--until-idle", "--project", str(root), "--driver-rows", "0",
                "--conf", "spark.driver.maxResultSize=1m", "--conf", "spark.octo.probe=a=b",
                cwd=tmp_path.parent, env_extra={"SPARK_CONF_DIR": str(conf_dir)})
@@ -147,6 +156,8 @@ def test_run_until_idle_with_spark_conf_then_continuous_with_ctrl_c(tmp_path):
     assert props["spark.octo.probe"] == "a=b"
     assert props["spark.ui.enabled"] == "false"  # octo's defaults fill in the rest
     assert props["spark.master"] == "local[2]"
+    assert "-XX:SharedArchiveFile=" in archive
+    assert props["spark.driver.extraJavaOptions"].endswith(archive.strip())  # after Spark's
     # and the shuffles follow spark.sql.shuffle.partitions: 3 partitions, none octo's 2
     assert 3 in tasks and 2 not in tasks, tasks
 

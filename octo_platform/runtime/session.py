@@ -154,19 +154,20 @@ def _note_jars(spark: SparkSession, environ: Mapping[str, str]) -> None:
 
 
 def session_conf(*, master: str | None = None, conf: Mapping[str, str] | None = None,
-                 app_name: str = "octo",
-                 environ: Mapping[str, str] | None = None) -> dict[str, str]:
-    """The settings octo hands the session builder: its defaults minus the keys
-    ``spark-defaults.conf`` sets (the launcher applies those), then ``conf``, then
-    ``master``. Delta's jars (``delta_jars``) come with the defaults unless the file or
-    ``conf`` names jars themselves (``spark.jars``, ``spark.jars.packages``): those must
-    then include Delta's (``delta_package``)."""
+                 app_name: str = "octo", environ: Mapping[str, str] | None = None,
+                 defaults: Mapping[str, str] | None = None) -> dict[str, str]:
+    """The settings octo hands the session builder: its defaults (``DEFAULT_CONF``, then
+    the caller's ``defaults``) minus the keys ``spark-defaults.conf`` sets (the launcher
+    applies those), then ``conf``, then ``master``. Delta's jars (``delta_jars``) come with
+    the defaults unless the file or ``conf`` names jars themselves (``spark.jars``,
+    ``spark.jars.packages``): those must then include Delta's (``delta_package``)."""
     env = os.environ if environ is None else environ
     from_file = spark_defaults_keys(spark_defaults_file(env))
-    defaults = {"spark.master": DEFAULT_MASTER, "spark.app.name": app_name, **DEFAULT_CONF}
+    ours = {"spark.master": DEFAULT_MASTER, "spark.app.name": app_name, **DEFAULT_CONF,
+            **(defaults or {})}
     if not any(k in from_file or k in (conf or {}) for k in _JAR_KEYS):
-        defaults.update(delta_jars(env))
-    settings = {k: v for k, v in defaults.items() if k not in from_file}
+        ours.update(delta_jars(env))
+    settings = {k: v for k, v in ours.items() if k not in from_file}
     settings.update(conf or {})
     if master:
         settings["spark.master"] = master
@@ -174,9 +175,11 @@ def session_conf(*, master: str | None = None, conf: Mapping[str, str] | None = 
 
 
 def spark_session(*, master: str | None = None, conf: Mapping[str, str] | None = None,
-                  app_name: str = "octo") -> SparkSession:
+                  app_name: str = "octo",
+                  defaults: Mapping[str, str] | None = None) -> SparkSession:
     """Get or create the session: ``local[2]`` unless ``master``, ``conf`` or
-    ``spark-defaults.conf`` say otherwise (see the module docstring for the precedence)."""
+    ``spark-defaults.conf`` say otherwise (see the module docstring for the precedence;
+    ``defaults`` are the caller's octo defaults)."""
     os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
     os.environ.setdefault("PYSPARK_DRIVER_PYTHON", sys.executable)
     from pyspark.sql import SparkSession
@@ -184,7 +187,8 @@ def spark_session(*, master: str | None = None, conf: Mapping[str, str] | None =
     from octo_platform.errors import SessionError
 
     builder = SparkSession.builder
-    settings = session_conf(master=master, conf=conf, app_name=app_name)
+    settings = session_conf(master=master, conf=conf, app_name=app_name,
+                            defaults=defaults)
     for key, value in settings.items():
         builder = builder.config(key, value)
     try:
