@@ -109,6 +109,16 @@ def test_spark_defaults_keys_are_left_to_the_file(tmp_path):
         == "local[2]"
 
 
+def archived_options() -> str:
+    """``java_options("")`` once the class archive exists: made now, or by the process
+    making it (which holds its lock)."""
+    deadline = time.monotonic() + 300
+    while "-XX:SharedArchiveFile=" not in (options := java_options("")) \
+            and time.monotonic() < deadline:
+        time.sleep(1)
+    return options
+
+
 def spark_properties(events: Path) -> tuple[dict[str, str], list[int]]:
     """From a Spark event log: the conf the running SparkContext reported, and the partition
     count of every shuffle a stage read (one per shuffle partition; a stage may coalesce
@@ -142,7 +152,7 @@ def test_run_until_idle_with_spark_conf_then_continuous_with_ctrl_c(tmp_path):
     # --driver-rows 0: the batch runs as Spark jobs (a small one would run in the driver,
     # with no shuffle to show the setting). The driver's JVM maps the class archive (made
     # now if the suite has not made it yet): no --conf or file sets its options.
-    archive = java_options("")
+    archive = archived_options()
     res = octo("run", "--all", "--until-idle", "--project", str(root), "--driver-rows", "0",
                "--conf", "spark.driver.maxResultSize=1m", "--conf", "spark.octo.probe=a=b",
                cwd=tmp_path.parent, env_extra={"SPARK_CONF_DIR": str(conf_dir)})
