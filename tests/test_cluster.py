@@ -22,6 +22,7 @@ from typing import Iterator
 import pytest
 
 from octo_platform.project import load_project
+from octo_platform.runtime.class_archive import quick_start_conf
 from octo_platform.runtime.session import QUICK_START_CONF
 from tests.oracle import RandomInput, check_tables, write_lines
 
@@ -34,7 +35,8 @@ START_TIMEOUT = 120.0  # master and worker up (≈10 s on an idle 2-core machine
 RUN_TIMEOUT = 420  # one octo run on the cluster (≈40 s idle; far more under load)
 ROUNDS = 2  # each a new application that resumes from the warehouse
 # Short-lived JVMs: the JIT's first tier only (as the local test session does); on a busy
-# 2-core machine this is CPU the test does not spend.
+# 2-core machine this is CPU the test does not spend. The driver maps the class archive too
+# (its classes; the executors' class path differs).
 QUICK_JVM = QUICK_START_CONF["spark.driver.extraJavaOptions"]
 
 # A join and an aggregate over an aggregate in one table: one streaming query per application.
@@ -129,13 +131,14 @@ def test_join_and_nested_aggregate_on_a_standalone_cluster(cluster, spark, tmp_p
             write_lines(tmp_path / "data" / name, f"r{round_no}.json",
                         feed.lines(rng.randint(8, 15), bad=round_no % 2))
         started = time.monotonic()
+        (driver_jvm,) = quick_start_conf().items()  # QUICK_JVM and the class archive
         # Even rounds run their batches as Spark jobs on the cluster (--driver-rows 0), odd
         # ones in the driver (small batches), each path reading the state the other wrote.
         res = subprocess.run(
             [str(BIN / "octo"), "run", "--all", "--until-idle", "--master", cluster.url,
              "--driver-rows", "0" if round_no % 2 == 0 else "10000",
              "--project", str(tmp_path), "--conf", "spark.sql.shuffle.partitions=2",
-             "--conf", f"spark.driver.extraJavaOptions={QUICK_JVM}",
+             "--conf", "=".join(driver_jvm),
              "--conf", f"spark.executor.extraJavaOptions={QUICK_JVM}"],
             env=env, capture_output=True, text=True, timeout=RUN_TIMEOUT)
         assert res.returncode == 0, f"round {round_no}:\n{res.stdout}\n{res.stderr[-4000:]}"
