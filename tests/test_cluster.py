@@ -126,12 +126,12 @@ def test_join_and_nested_aggregate_on_a_standalone_cluster(cluster, spark, tmp_p
              "items": RandomInput(seed + 1, debezium=True)}
     env = {**os.environ, "SPARK_LOCAL_IP": "127.0.0.1", "PYSPARK_PYTHON": sys.executable}
     env.pop("SPARK_CONF_DIR", None)
+    (driver_jvm,) = quick_start_conf().items()  # QUICK_JVM and the class archive
     for round_no in range(ROUNDS):
         for name, feed in feeds.items():
             write_lines(tmp_path / "data" / name, f"r{round_no}.json",
                         feed.lines(rng.randint(8, 15), bad=round_no % 2))
         started = time.monotonic()
-        (driver_jvm,) = quick_start_conf().items()  # QUICK_JVM and the class archive
         # Even rounds run their batches as Spark jobs on the cluster (--driver-rows 0), odd
         # ones in the driver (small batches), each path reading the state the other wrote.
         res = subprocess.run(

@@ -224,29 +224,27 @@ def _remember_jvm_names(spark: SparkSession) -> None:
     ``java_import`` made later that would shadow a short name already used is not seen.)"""
     from py4j.java_gateway import JavaClass, JavaMember, JVMView
 
+    view = spark.sparkContext._gateway.jvm
+    if type(view) is not JVMView:
+        return  # done for this JVM's view already
+
+    def known(self, name: str, look_up):
+        kept = self.__dict__.setdefault("_octo_known", {})
+        if name not in kept:
+            found = look_up(self, name)
+            if isinstance(found, JavaClass):
+                found.__class__ = KnownClass
+            elif not isinstance(found, JavaMember):
+                return found  # a package, or a field's value: asked every time
+            kept[name] = found
+        return kept[name]
+
     class KnownClass(JavaClass):
         def __getattr__(self, name: str):
-            known = self.__dict__.setdefault("_octo_known", {})
-            if name not in known:
-                found = JavaClass.__getattr__(self, name)
-                if not isinstance(found, (JavaMember, JavaClass)):
-                    return found  # a field's value
-                if isinstance(found, JavaClass):
-                    found.__class__ = KnownClass
-                known[name] = found
-            return known[name]
+            return known(self, name, JavaClass.__getattr__)
 
     class KnownView(JVMView):
         def __getattr__(self, name: str):
-            known = self.__dict__.setdefault("_octo_known", {})
-            if name not in known:
-                found = JVMView.__getattr__(self, name)
-                if not isinstance(found, JavaClass):
-                    return found  # a package
-                found.__class__ = KnownClass
-                known[name] = found
-            return known[name]
+            return known(self, name, JVMView.__getattr__)
 
-    view = spark.sparkContext._gateway.jvm
-    if type(view) is JVMView:
-        view.__class__ = KnownView
+    view.__class__ = KnownView
