@@ -144,15 +144,11 @@ def _session(args: argparse.Namespace) -> SparkSession:
     driver's JVM maps the class archive (``runtime/class_archive.py``) unless its options
     are set (``spark-defaults.conf``, ``--conf``): a one-batch ``octo run`` in a fresh
     process took 14.9 s with it, 18.2 s without (Spark's JIT and collector either way)."""
-    from octo_platform.runtime.class_archive import java_options
-    from octo_platform.runtime.session import spark_defaults_file, spark_defaults_keys, \
-        spark_session
+    from octo_platform.runtime.class_archive import driver_defaults
+    from octo_platform.runtime.session import spark_session
 
-    conf, key = dict(args.conf), "spark.driver.extraJavaOptions"
-    archive = "" if key in conf or key in spark_defaults_keys(spark_defaults_file()) \
-        else java_options("").strip()
-    return spark_session(master=args.master, conf=conf,
-                         defaults={key: archive} if archive else None)
+    conf = dict(args.conf)
+    return spark_session(master=args.master, conf=conf, defaults=driver_defaults(conf))
 
 
 def _run(args: argparse.Namespace) -> int:

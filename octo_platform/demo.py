@@ -40,7 +40,7 @@ def run_demo(*, directory: str | None = None, rounds: int = 3) -> None:
     from connectors.generators.nexmark import NexmarkGenerator, demo_round
     from octo_platform.project import load_project
     from octo_platform.runtime.runner import run_tables
-    from octo_platform.runtime.class_archive import quick_start_conf
+    from octo_platform.runtime.class_archive import driver_defaults
     from octo_platform.runtime.session import spark_session
     from octo_platform.wiring import default_options
 
@@ -57,7 +57,7 @@ def run_demo(*, directory: str | None = None, rounds: int = 3) -> None:
     print(f"demo project: {project_dir}")
     print(f"streaming tables ({len(tables)}): {', '.join(tables)}")
     print("starting Spark ...", flush=True)
-    spark = spark_session(conf=quick_start_conf())
+    spark = spark_session(defaults=driver_defaults({}, quick=True))
     store = options.env.store
     generator = NexmarkGenerator()
     for round_no in range(rounds):

@@ -44,7 +44,7 @@ def run_kafka_demo(*, directory: str | None = None, rounds: int = 3) -> None:
     from connectors.tansu import create_topic, local_broker
     from octo_platform.project import load_project
     from octo_platform.runtime.runner import run_tables
-    from octo_platform.runtime.class_archive import quick_start_conf
+    from octo_platform.runtime.class_archive import driver_defaults
     from octo_platform.runtime.session import spark_session
     from octo_platform.wiring import default_options
 
@@ -63,7 +63,7 @@ def run_kafka_demo(*, directory: str | None = None, rounds: int = 3) -> None:
         project = load_project(root)
         options = default_options(progress=None)
         print(f"demo project: {root}\nbroker: {address}\nstarting Spark ...", flush=True)
-        spark = spark_session(conf=quick_start_conf())
+        spark = spark_session(defaults=driver_defaults({}, quick=True))
         # One message per request: the broker's high watermark then covers every message.
         producer = Producer({"bootstrap.servers": address, "linger.ms": 0,
                              "batch.num.messages": 1})

@@ -19,7 +19,6 @@ from typing import Any, Mapping
 import dagster as dg
 
 from octo_platform.project import load_project
-from octo_platform.runtime.class_archive import quick_start_conf
 from orchestration.assets import project_assets
 from orchestration.automation import project_automation
 from orchestration.checks import project_checks
@@ -55,11 +54,10 @@ def build_definitions(project_dir: str | Path, *, resources: Mapping[str, Any] |
 def resources_from_env(project_dir: str | Path, environ: Mapping[str, str]) -> dict[str, Any]:
     """The resources of this environment, picked from ``OCTO_*`` variables."""
     master = environ.get("OCTO_SPARK_MASTER", "local[2]")
+    warehouse = environ.get("OCTO_WAREHOUSE") or str(Path(project_dir).resolve() / "warehouse")
     # Catch-up runs last seconds to minutes: on a local master the JVM's quick start-up
     # settings save more CPU than its optimizing compiler would.
-    conf = quick_start_conf() if master.startswith("local") else {}
-    warehouse = environ.get("OCTO_WAREHOUSE") or str(Path(project_dir).resolve() / "warehouse")
-    return {"spark": SparkResource(master=master, conf=conf),
+    return {"spark": SparkResource(master=master, quick_start=master.startswith("local")),
             "warehouse": WarehouseResource(path=warehouse)}
 
 

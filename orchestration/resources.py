@@ -26,9 +26,10 @@ class SparkResource(PySparkResource):
     """dagster-pyspark's ``PySparkResource``, its session built on first use through
     ``octo_platform.runtime.session`` (octo's defaults, Delta Lake included).
 
-    Settings, weakest first: octo's defaults, ``$SPARK_CONF_DIR/spark-defaults.conf`` of the
-    process that builds the session (the run worker), then ``spark_config`` (the parent
-    resource's field), ``conf`` and ``master`` — the same order as ``octo run --conf``. The
+    Settings, weakest first: octo's defaults (with ``quick_start``, the driver JVM's options
+    for short runs), ``$SPARK_CONF_DIR/spark-defaults.conf`` of the process that builds the
+    session (the run worker), then ``spark_config`` (the parent resource's field), ``conf``
+    and ``master`` — the same order as ``octo run --conf``. The
     session is started lazily (``get_session()``, or the parent's ``spark_session`` and
     ``spark_context``), not when a run sets its resources up, so a step that needs no Spark
     starts no JVM. If a session already runs in this process (a test's, a notebook's), it
@@ -45,6 +46,12 @@ class SparkResource(PySparkResource):
         default_factory=dict,
         description="Spark settings; they beat spark-defaults.conf, which beats octo's "
         "defaults (e.g. spark.driver.memory)")
+    quick_start: bool = Field(
+        default=False,
+        description="the driver's JVM tuned for runs of seconds to minutes (the JIT's first "
+        "tier, the serial collector; octo defaults, so spark.driver.extraJavaOptions in "
+        "spark-defaults.conf or conf replaces them). The driver maps octo's class archive "
+        "either way, unless those options are set")
 
     def setup_for_execution(self, context: dg.InitResourceContext) -> None:
         pass  # lazy: the JVM starts on first use
@@ -55,9 +62,13 @@ class SparkResource(PySparkResource):
 
     def get_session(self) -> SparkSession:
         if self._spark_session is None:
+            from octo_platform.runtime.class_archive import driver_defaults
             from octo_platform.runtime.session import spark_session
 
-            self._spark_session = spark_session(master=self.master, conf=self.settings())
+            conf = self.settings()
+            self._spark_session = spark_session(
+                master=self.master, conf=conf,
+                defaults=driver_defaults(conf, quick=self.quick_start))
         return self._spark_session
 
     @property

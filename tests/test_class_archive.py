@@ -7,7 +7,15 @@ import os
 import subprocess
 import sys
 
-from octo_platform.runtime.class_archive import archive_path, java_options, quick_start_conf
+import pytest
+
+from octo_platform.runtime import class_archive
+from octo_platform.runtime.class_archive import (
+    archive_path,
+    driver_defaults,
+    java_options,
+    quick_start_conf,
+)
 from octo_platform.runtime.session import QUICK_START_CONF
 from tests.oracle import write_lines
 from tests.processes import octo_run
@@ -51,3 +59,46 @@ def test_short_runs_start_with_the_archive(tmp_path):
                           env={**os.environ, "PYSPARK_PYTHON": sys.executable})
     assert done.returncode == 0, done.stderr[-3000:]
     assert "[t] batch 0: 1 rows in" in done.stdout
+
+
+def test_driver_defaults_yield_to_the_options_a_user_sets(tmp_path, monkeypatch):
+    """The driver's JVM options octo adds (the archive; with ``quick``, the first JIT tier
+    and serial collector) are its defaults: options from ``conf`` or ``spark-defaults.conf``
+    replace them, no archive is made for nothing, and a session already running keeps its
+    JVM's. (The archive itself: the tests above.)"""
+    from pyspark import SparkContext
+
+    key = "spark.driver.extraJavaOptions"
+    made = []
+    monkeypatch.setattr(class_archive, "java_options",
+                        lambda base: made.append(base) or f"{base} -XX:SharedArchiveFile=a.jsa")
+    monkeypatch.setenv("SPARK_CONF_DIR", str(tmp_path))
+    monkeypatch.setattr(SparkContext, "_active_spark_context", None)
+    assert driver_defaults({}, quick=True) == {key: f"{BASE} -XX:SharedArchiveFile=a.jsa"}
+    assert driver_defaults({"spark.driver.memory": "1g"}) == {key: "-XX:SharedArchiveFile=a.jsa"}
+    assert len(made) == 2
+    assert driver_defaults({key: "-Da=1"}, quick=True) == {}
+    (tmp_path / "spark-defaults.conf").write_text(f"{key} -Db=2\n")
+    assert driver_defaults({}, quick=True) == {}
+    (tmp_path / "spark-defaults.conf").write_text("spark.driver.memory 1g\n")
+    assert driver_defaults({}) != {}
+    monkeypatch.setattr(SparkContext, "_active_spark_context", object())
+    assert driver_defaults({}, quick=True) == {}
+    assert len(made) == 3
+
+
+@pytest.mark.parametrize("quick", [True, False])
+def test_the_dagster_resource_passes_its_defaults_to_the_session(monkeypatch, quick):
+    """``SparkResource``'s session gets ``driver_defaults`` of its settings as octo's
+    defaults (beaten by spark-defaults.conf and the resource's conf), not as its conf."""
+    from orchestration.resources import SparkResource
+
+    seen = {}
+    monkeypatch.setattr(class_archive, "driver_defaults",
+                        lambda conf, quick: {"asked": (dict(conf), quick)})
+    monkeypatch.setattr("octo_platform.runtime.session.spark_session",
+                        lambda **kw: seen.update(kw) or "session")
+    resource = SparkResource(master="local[1]", conf={"spark.a": "1"}, quick_start=quick)
+    assert resource.get_session() == "session"
+    assert seen == {"master": "local[1]", "conf": {"spark.a": "1"},
+                    "defaults": {"asked": ({"spark.a": "1"}, quick)}}

@@ -138,11 +138,13 @@ def test_a_translator_subclass_names_every_asset_check_and_job(tmp_path):
 def test_resources_are_chosen_from_the_environment(tmp_path):
     got = resources_from_env(tmp_path, {})
     assert got["warehouse"].path == str(tmp_path.resolve() / "warehouse")
-    assert got["spark"].master == "local[2]"
+    # a local master's runs are short: its driver JVM starts quickly (octo defaults, not conf)
+    assert got["spark"].master == "local[2]" and got["spark"].quick_start
+    assert got["spark"].conf == {}
     got = resources_from_env(tmp_path, {"OCTO_WAREHOUSE": "s3://bucket/wh",
                                         "OCTO_SPARK_MASTER": "spark://h:7077"})
     assert got["warehouse"].location(tmp_path) == "s3://bucket/wh"
-    assert got["spark"].master == "spark://h:7077" and got["spark"].conf == {}
+    assert got["spark"].master == "spark://h:7077" and not got["spark"].quick_start
     assert WarehouseResource().location(tmp_path) == str(tmp_path.resolve() / "warehouse")
     # dagster-pyspark's resource, its spark_config beaten by conf
     spark = SparkResource(spark_config={"spark.a": 1, "spark.b": "x"}, conf={"spark.b": "y"})

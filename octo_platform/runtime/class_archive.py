@@ -22,7 +22,7 @@ import time
 from pathlib import Path
 from typing import Mapping
 
-__all__ = ["quick_start_conf", "java_options", "archive_path"]
+__all__ = ["quick_start_conf", "driver_defaults", "java_options", "archive_path"]
 
 _QUIET = "-Xlog:cds=off -Xlog:cds+dynamic=off"
 _STALE_LOCK_S = 600.0  # a lock older than this was left by a killed trainer
@@ -55,6 +55,28 @@ def quick_start_conf(environ: Mapping[str, str] | None = None) -> dict[str, str]
 
     key = "spark.driver.extraJavaOptions"
     return {**QUICK_START_CONF, key: java_options(QUICK_START_CONF[key], environ)}
+
+
+def driver_defaults(conf: Mapping[str, str], *, quick: bool = False) -> dict[str, str]:
+    """octo's default options for the driver's JVM, as ``spark_session``'s ``defaults``: the
+    class archive, and with ``quick`` the JIT and collector of ``QUICK_START_CONF``. None
+    (and no archive made for nothing) when ``conf`` or ``spark-defaults.conf`` set the
+    driver's options, which beat octo's defaults, or when this process already runs a
+    session (its JVM is started)."""
+    from pyspark import SparkContext
+
+    from octo_platform.runtime.session import (
+        QUICK_START_CONF,
+        spark_defaults_file,
+        spark_defaults_keys,
+    )
+
+    key = "spark.driver.extraJavaOptions"
+    if key in conf or key in spark_defaults_keys(spark_defaults_file()) \
+            or SparkContext._active_spark_context is not None:
+        return {}
+    options = java_options(QUICK_START_CONF[key] if quick else "").strip()
+    return {key: options} if options else {}
 
 
 def java_options(base: str, environ: Mapping[str, str] | None = None) -> str:
