@@ -112,6 +112,18 @@ def stop_session(proc: subprocess.Popen, *, grace: float = 30.0,
     return report
 
 
+def archived_options(base: str = "") -> str:
+    """``java_options(base)`` once the class archive exists: made now, or by the process
+    making it (which holds its lock; another part of the suite, say)."""
+    from octo_platform.runtime.class_archive import java_options
+
+    deadline = time.monotonic() + 300
+    while "-XX:SharedArchiveFile=" not in (options := java_options(base)) \
+            and time.monotonic() < deadline:
+        time.sleep(1)
+    return options
+
+
 def octo_run(project: Path) -> list[str]:
     """``octo run --all --until-idle`` of ``project`` as a short-lived process: its JVM with
     the JIT's first tier only (``QUICK_START_CONF``, as the Dagster catch-up runs have), which

@@ -18,7 +18,7 @@ from octo_platform.runtime.class_archive import (
 )
 from octo_platform.runtime.session import QUICK_START_CONF
 from tests.oracle import write_lines
-from tests.processes import octo_run
+from tests.processes import archived_options, octo_run
 
 BASE = QUICK_START_CONF["spark.driver.extraJavaOptions"]
 
@@ -42,9 +42,10 @@ def test_a_held_lock_means_another_process_is_training(tmp_path):
 
 
 def test_short_runs_start_with_the_archive(tmp_path):
-    """``quick_start_conf`` names this environment's archive (made now if the suite has not
-    yet), and an ``octo run`` whose JVM maps it runs its batch."""
-    conf = quick_start_conf()["spark.driver.extraJavaOptions"]
+    """``quick_start_conf`` names this environment's archive (made now, or by the process
+    making it), and an ``octo run`` whose JVM maps it runs its batch."""
+    conf = archived_options(BASE)
+    assert conf == quick_start_conf()["spark.driver.extraJavaOptions"]
     path = archive_path()
     assert f"-XX:SharedArchiveFile={path}" in conf and path.stat().st_size > 0
     (tmp_path / "sql").mkdir()

@@ -13,8 +13,8 @@ from pathlib import Path
 import pytest
 
 from octo_platform.cli import main
-from octo_platform.runtime.class_archive import java_options
 from octo_platform.runtime.session import session_conf, spark_defaults_file, spark_defaults_keys
+from tests.processes import archived_options
 
 # Waits on other processes most of the time: runs beside the rest (tests/suite.py).
 pytestmark = pytest.mark.processes
@@ -107,16 +107,6 @@ def test_spark_defaults_keys_are_left_to_the_file(tmp_path):
         "spark.driver.extraJavaOptions": "-Db=3"})["spark.driver.extraJavaOptions"] == "-Db=3"
     assert session_conf(environ={"SPARK_CONF_DIR": str(tmp_path / "none")})["spark.master"] \
         == "local[2]"
-
-
-def archived_options() -> str:
-    """``java_options("")`` once the class archive exists: made now, or by the process
-    making it (which holds its lock)."""
-    deadline = time.monotonic() + 300
-    while "-XX:SharedArchiveFile=" not in (options := java_options("")) \
-            and time.monotonic() < deadline:
-        time.sleep(1)
-    return options
 
 
 def spark_properties(events: Path) -> tuple[dict[str, str], list[int]]:
