@@ -26,10 +26,10 @@ class SparkResource(PySparkResource):
     """dagster-pyspark's ``PySparkResource``, its session built on first use through
     ``octo_platform.runtime.session`` (octo's defaults, Delta Lake included).
 
-    Settings, weakest first: octo's defaults (with ``quick_start``, the driver JVM's options
-    for short runs), ``$SPARK_CONF_DIR/spark-defaults.conf`` of the process that builds the
-    session (the run worker), then ``spark_config`` (the parent resource's field), ``conf``
-    and ``master`` — the same order as ``octo run --conf``. The
+    Settings, weakest first: octo's defaults (the driver JVM's options among them:
+    ``class_archive.driver_defaults``), ``$SPARK_CONF_DIR/spark-defaults.conf`` of the
+    process that builds the session (the run worker), then ``spark_config`` (the parent
+    resource's field), ``conf`` and ``master`` — the same order as ``octo run --conf``. The
     session is started lazily (``get_session()``, or the parent's ``spark_session`` and
     ``spark_context``), not when a run sets its resources up, so a step that needs no Spark
     starts no JVM. If a session already runs in this process (a test's, a notebook's), it

@@ -59,10 +59,10 @@ def quick_start_conf(environ: Mapping[str, str] | None = None) -> dict[str, str]
 
 def driver_defaults(conf: Mapping[str, str], *, quick: bool = False) -> dict[str, str]:
     """octo's default options for the driver's JVM, as ``spark_session``'s ``defaults``: the
-    class archive, and with ``quick`` the JIT and collector of ``QUICK_START_CONF``. None
+    class archive, and with ``quick`` the JIT and collector of ``QUICK_START_CONF``. Nothing
     (and no archive made for nothing) when ``conf`` or ``spark-defaults.conf`` set the
     driver's options, which beat octo's defaults, or when this process already runs a
-    session (its JVM is started)."""
+    session (its JVM has started)."""
     from pyspark import SparkContext
 
     from octo_platform.runtime.session import (
