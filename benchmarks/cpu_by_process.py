@@ -8,8 +8,10 @@ prints the command's wall time and the CPU seconds by kind: ``java`` (the JVMs),
 ``python workers`` (pyspark's daemon and the workers it forks), ``command`` (the command's
 own process) and the others by their command line. A process that lives less than one
 interval may be missed, and the CPU a process used after its last reading is not counted:
-the figures are a lower bound, good for comparing runs. Linux only. Exit status: the
-command's.
+the figures are a lower bound, good for comparing runs. With ``--jvms`` it also lists each
+JVM: its CPU seconds, how long it was seen, and the command of the process that started it
+(the pytest process's session, an ``octo run``, a Dagster run worker). Linux only. Exit
+status: the command's.
 
 Used to find where the suite's CPU goes (benchmarks/README.md, "The test session's JIT"):
 ``JDK_JAVA_OPTIONS=... .venv/bin/python benchmarks/cpu_by_process.py -- .venv/bin/python -m
@@ -69,6 +71,7 @@ def _tree(root: int, procs: dict[int, tuple[int, int, str]]) -> set[int]:
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--every", type=float, default=0.3, help="seconds between readings")
+    ap.add_argument("--jvms", action="store_true", help="list each JVM, by its parent")
     ap.add_argument("command", nargs=argparse.REMAINDER, help="the command, after --")
     args = ap.parse_args(argv)
     command = args.command[1:] if args.command[:1] == ["--"] else args.command
@@ -77,10 +80,14 @@ def main(argv: list[str] | None = None) -> int:
     started = time.monotonic()
     proc = subprocess.Popen(command)
     last: dict[int, tuple[str, int]] = {}  # pid -> (kind, CPU ticks at its last reading)
+    jvms: dict[int, list] = {}  # pid -> [first seen, last seen, the parent's command]
     while proc.poll() is None:
-        procs = _processes()
+        procs, now = _processes(), time.monotonic()
         for pid in _tree(proc.pid, procs) & procs.keys():
             last[pid] = (_kind(pid, proc.pid, procs[pid][2]), procs[pid][1])
+            if last[pid][0] == "java":
+                parent = procs.get(procs[pid][0], (0, 0, "?"))[2]
+                jvms.setdefault(pid, [now, now, parent])[1] = now
         time.sleep(args.every)
     seconds: collections.Counter[str] = collections.Counter()
     count: collections.Counter[str] = collections.Counter()
@@ -92,6 +99,12 @@ def main(argv: list[str] | None = None) -> int:
     for kind, s in seconds.most_common():
         if s >= 0.05:
             print(f"  {s:8.1f} s  {count[kind]:4d} processes  {kind}", file=sys.stderr)
+    if args.jvms:
+        print("JVMs (CPU s, seen for s, parent):", file=sys.stderr)
+        for pid, (first, seen, parent) in sorted(jvms.items(), key=lambda j: -last[j[0]][1]):
+            print(f"  {last[pid][1] / _TICK:8.1f} s  {seen - first:7.1f} s  "
+                  f"{' '.join(parent.split())[:90]}",
+                  file=sys.stderr)
     return proc.returncode
 
 
