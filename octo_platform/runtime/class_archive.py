@@ -25,6 +25,7 @@ from typing import Mapping
 __all__ = ["quick_start_conf", "driver_defaults", "java_options", "archive_path"]
 
 _QUIET = "-Xlog:cds=off -Xlog:cds+dynamic=off"
+_OPTIONS = "spark.driver.extraJavaOptions"
 _STALE_LOCK_S = 600.0  # a lock older than this was left by a killed trainer
 _TRAIN_TIMEOUT_S = 300.0
 
@@ -53,8 +54,7 @@ def quick_start_conf(environ: Mapping[str, str] | None = None) -> dict[str, str]
     """``session.QUICK_START_CONF`` with this environment's class archive (``java_options``)."""
     from octo_platform.runtime.session import QUICK_START_CONF
 
-    key = "spark.driver.extraJavaOptions"
-    return {**QUICK_START_CONF, key: java_options(QUICK_START_CONF[key], environ)}
+    return {**QUICK_START_CONF, _OPTIONS: java_options(QUICK_START_CONF[_OPTIONS], environ)}
 
 
 def driver_defaults(conf: Mapping[str, str], *, quick: bool = False) -> dict[str, str]:
@@ -71,12 +71,11 @@ def driver_defaults(conf: Mapping[str, str], *, quick: bool = False) -> dict[str
         spark_defaults_keys,
     )
 
-    key = "spark.driver.extraJavaOptions"
-    if key in conf or key in spark_defaults_keys(spark_defaults_file()) \
+    if _OPTIONS in conf or _OPTIONS in spark_defaults_keys(spark_defaults_file()) \
             or SparkContext._active_spark_context is not None:
         return {}
-    options = java_options(QUICK_START_CONF[key] if quick else "").strip()
-    return {key: options} if options else {}
+    options = java_options(QUICK_START_CONF[_OPTIONS] if quick else "").strip()
+    return {_OPTIONS: options} if options else {}
 
 
 def java_options(base: str, environ: Mapping[str, str] | None = None) -> str:
@@ -126,7 +125,7 @@ def _train(out: str, base: str) -> None:
     from octo_platform.local_frames import collect_arrow, local_frame
     from octo_platform.runtime.session import spark_session
 
-    spark = spark_session(conf={"spark.driver.extraJavaOptions":
+    spark = spark_session(conf={_OPTIONS:
                                 f"{base} -XX:ArchiveClassesAtExit={out} {_QUIET}"})
     lines = local_frame(spark, pa.table({"value": ['{"k": 1, "v": "a"}', "{"],
                                          "file": ["f", "f"]}))
