@@ -29,6 +29,7 @@ from typing import TYPE_CHECKING, Any, ClassVar, Iterator
 from connectors.files import FileSource, Parsed, parse_json
 from octo_platform.errors import RunError
 from octo_platform.timeunits import parse_span
+from octo_platform.workers import task_started
 
 if TYPE_CHECKING:
     import pyarrow as pa
@@ -290,6 +291,7 @@ def _fetcher(source: KafkaSource, *, executor: bool = True):
         import pyarrow as pa
         from confluent_kafka import Consumer, KafkaException
 
+        task_started()
         try:
             consumer = Consumer(config)
         except KafkaException as e:

@@ -32,6 +32,7 @@ from connectors.kafka import (KafkaTopic, broker_timeout, failure, properties, t
                               worker_error)
 from octo_platform.errors import RunError
 from octo_platform.sqltext import quote
+from octo_platform.workers import task_started
 
 if TYPE_CHECKING:
     import pyarrow as pa
@@ -134,6 +135,7 @@ def _publisher(sink: KafkaSink, starts: dict[int, int], resume: bool):
         from confluent_kafka import KafkaException
         from pyspark import TaskContext
 
+        task_started()
         # Spark retries a failed task (on a cluster): its earlier attempt may have sent some.
         task = TaskContext.get()  # None in the driver
         again = resume or task is not None and task.attemptNumber() > 0

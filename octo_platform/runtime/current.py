@@ -31,6 +31,7 @@ from octo_platform.runtime.operators.keyed_rows import KeyedRows
 from octo_platform.runtime.operators.tasks import read_bucket
 from octo_platform.runtime.writes import WRITTEN_SCHEMA, Output, file_token, parquet_options, \
     written_schema
+from octo_platform.workers import task_started
 
 if TYPE_CHECKING:
     from pyspark.sql import DataFrame
@@ -117,6 +118,7 @@ def files_by_bucket(store: Store, path: str, version: int | None) -> dict[int, l
 
 
 def _run(task, key, rows):  # no annotations: Spark would read them as the UDF's kind
+    task_started()
     return task.run(key, rows)
 
 

@@ -24,6 +24,7 @@ from octo_platform.columns import BUCKET
 from octo_platform.runtime.environment import Store
 from octo_platform.runtime.metrics import observed_metrics, unread
 from octo_platform.sqltext import quote
+from octo_platform.workers import task_started
 
 if TYPE_CHECKING:
     import pyarrow as pa
@@ -208,6 +209,7 @@ def _writer(meta: list[tuple[str, bool, pa.Schema, str, str | None]],
         import pyarrow.compute as pc
         import pyarrow.parquet as pq
 
+        task_started()
         task = uuid.uuid4().hex[:8]
         open_files: dict[tuple[int, int | None], tuple[Any, Any, str]] = {}
         counts: dict[tuple[int, int | None], int] = {}

@@ -52,6 +52,7 @@ from octo_platform.runtime.operators.tasks import (
 )
 from octo_platform.runtime.state_log import BATCH, with_batch
 from octo_platform.sqltext import quote
+from octo_platform.workers import task_started
 
 if TYPE_CHECKING:
     from pyspark.sql import DataFrame
@@ -103,6 +104,7 @@ def _accumulators(shape: Any, keys: int) -> Any:
 
 
 def _run(task, key, rows):  # no annotations: Spark would read them as the UDF's kind
+    task_started()
     return task.run(key, rows)
 
 

@@ -44,6 +44,7 @@ from octo_platform.runtime.operators.tasks import (
     tagged_schema,
     visits,
 )
+from octo_platform.workers import task_started
 
 if TYPE_CHECKING:
     from pyspark.sql import DataFrame
@@ -111,6 +112,7 @@ def _candidates(op: Join, keyed: dict[str, Any]) -> Any:
 
 
 def _run(task, key, left, right):  # no annotations: Spark would read them as the UDF's kind
+    task_started()
     return task.run(key, left, right)
 
 

@@ -35,6 +35,7 @@ from octo_platform.runtime.operators.tasks import PART, Log, bucket_logs, read_b
     tagged_schema
 from octo_platform.runtime.operators.top_n import TopN
 from octo_platform.sqltext import quote
+from octo_platform.workers import task_started
 
 if TYPE_CHECKING:
     from pyspark.sql import DataFrame
@@ -90,6 +91,7 @@ def _output(node: PTopN | PSession, rows: Any) -> Any:
 
 
 def _run(task, key, rows):  # no annotations: Spark would read them as the UDF's kind
+    task_started()
     return task.run(key, rows)
 
 
