@@ -28,10 +28,9 @@ from octo_platform.columns import BUCKET, WEIGHT
 from octo_platform.local_frames import arrow_schema
 from octo_platform.runtime.operators.arrow import normal_floats, primitive
 from octo_platform.runtime.operators.keyed_rows import KeyedRows
-from octo_platform.runtime.operators.tasks import read_bucket
+from octo_platform.runtime.operators.tasks import read_bucket, run_group
 from octo_platform.runtime.writes import WRITTEN_SCHEMA, Output, file_token, parquet_options, \
     written_schema
-from octo_platform.workers import task_started
 
 if TYPE_CHECKING:
     from pyspark.sql import DataFrame
@@ -104,7 +103,7 @@ def current_output(pipe: TableRun, events: DataFrame, bucket: str, batch: int,
     task = _BucketTask(path, files_by_bucket(store, path, pinned.get("current")), image, keys,
                        keyed, store.reader(), store.opener(), file_token("part", batch))
     files = events.select("before", "after", bucket).groupBy(bucket).applyInArrow(
-        functools.partial(_run, task), WRITTEN_SCHEMA)
+        functools.partial(run_group, task), WRITTEN_SCHEMA)
     return Output("current", path, files, bucketed=True, replace_reported="changelog",
                   written=image.append(pa.field(BUCKET, pa.int32())))
 
@@ -115,11 +114,6 @@ def files_by_bucket(store: Store, path: str, version: int | None) -> dict[int, l
     for f in store.data_files(path, version):
         files.setdefault(int(f["partition"][BUCKET]), []).append(f)
     return files
-
-
-def _run(task, key, rows):  # no annotations: Spark would read them as the UDF's kind
-    task_started()
-    return task.run(key, rows)
 
 
 @dataclass(frozen=True)

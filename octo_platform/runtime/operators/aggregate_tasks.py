@@ -45,6 +45,7 @@ from octo_platform.runtime.operators.tasks import (
     bucket_logs,
     log_parts,
     read_bucket,
+    run_group,
     stage_logs,
     tagged,
     tagged_schema,
@@ -52,7 +53,6 @@ from octo_platform.runtime.operators.tasks import (
 )
 from octo_platform.runtime.state_log import BATCH, with_batch
 from octo_platform.sqltext import quote
-from octo_platform.workers import task_started
 
 if TYPE_CHECKING:
     from pyspark.sql import DataFrame
@@ -84,7 +84,8 @@ def run_aggregate(node: PAggregate, ctx: BatchContext, delta: DataFrame) -> Data
     if not node.keys and not ctx.state_log(node.id):  # the one group's first row, even
         visited.add(0)  # over no input rows
     rows = visits(rows, WEIGHT, visited)
-    out = ctx.checkpoint(rows.groupBy(BUCKET).applyInArrow(functools.partial(_run, task), schema))
+    out = ctx.checkpoint(rows.groupBy(BUCKET).applyInArrow(functools.partial(run_group, task),
+                                                           schema))
     # Checkpointed as plain columns: the output's SQL over struct fields made Spark's optimizer
     # inline them into every expression (planning ran out of memory for ten aggregates).
     accs = ctx.checkpoint(stage_logs(ctx, out, tables, due))
@@ -101,11 +102,6 @@ def _accumulators(shape: Any, keys: int) -> Any:
     for f in fields[keys + 1:]:
         out += [StructField(f"o{f.name}", f.dataType), StructField(f"n{f.name}", f.dataType)]
     return StructType([*out, StructField("_touched", BooleanType())])
-
-
-def _run(task, key, rows):  # no annotations: Spark would read them as the UDF's kind
-    task_started()
-    return task.run(key, rows)
 
 
 @dataclass(frozen=True)

@@ -39,12 +39,12 @@ from octo_platform.runtime.operators.tasks import (
     bucket_logs,
     log_parts,
     read_bucket,
+    run_cogroup,
     stage_logs,
     tagged,
     tagged_schema,
     visits,
 )
-from octo_platform.workers import task_started
 
 if TYPE_CHECKING:
     from pyspark.sql import DataFrame
@@ -83,7 +83,7 @@ def run_join(node: PJoin, ctx: BatchContext, ldelta: DataFrame, rdelta: DataFram
     sides[0] = visits(sides[0], COUNT, due[0] | due[1])  # due compactions run in their bucket
     grouped = [side.groupBy(BUCKET) for side in sides]
     out = ctx.checkpoint(grouped[0].cogroup(grouped[1]).applyInArrow(
-        functools.partial(_run, task), schema))
+        functools.partial(run_cogroup, task), schema))
     rows = stage_logs(ctx, out, tables, due)
     if node.residual and node.kind not in ("semi", "anti"):
         rows = rows.filter(node.residual)
@@ -109,11 +109,6 @@ def _candidates(op: Join, keyed: dict[str, Any]) -> Any:
     fields = [keyed[s].schema[n] for s in "lr" for n in op.names[s]]
     counts = [StructField(c, LongType()) for c in ("_lo", "_ln", "_ro", "_rn", "_id")]
     return StructType([*fields, *counts, StructField("_self", BooleanType())])
-
-
-def _run(task, key, left, right):  # no annotations: Spark would read them as the UDF's kind
-    task_started()
-    return task.run(key, left, right)
 
 
 @dataclass(frozen=True)

@@ -31,11 +31,10 @@ from octo_platform.runtime.operators.context import BatchContext, StagedWrite, b
 from octo_platform.runtime.operators.partition_steps import SessionStep, TopNStep, \
     consolidated, is_micros
 from octo_platform.runtime.operators.session import Sessions
-from octo_platform.runtime.operators.tasks import PART, Log, bucket_logs, read_bucket, tagged, \
-    tagged_schema
+from octo_platform.runtime.operators.tasks import PART, Log, bucket_logs, read_bucket, run_group, \
+    tagged, tagged_schema
 from octo_platform.runtime.operators.top_n import TopN
 from octo_platform.sqltext import quote
-from octo_platform.workers import task_started
 
 if TYPE_CHECKING:
     from pyspark.sql import DataFrame
@@ -65,7 +64,7 @@ def run_partitioned(node: PTopN | PSession, ctx: BatchContext, delta: DataFrame
     task = _PartitionTask(step, log, arrow_schema(stored), weighted, arrow_schema(schema),
                           ctx.reader, ctx.watermark)
     rows = rows.selectExpr("*", f"{bucket_sql(node.partition, ctx.buckets)} AS {BUCKET}")
-    out = ctx.checkpoint(rows.groupBy(BUCKET).applyInArrow(functools.partial(_run, task),
+    out = ctx.checkpoint(rows.groupBy(BUCKET).applyInArrow(functools.partial(run_group, task),
                                                            schema))
     ctx.writes.append(StagedWrite(
         node.id, out.filter(f"{PART} = 2").selectExpr("s0.*", BUCKET), None, bucketed=True,
@@ -88,11 +87,6 @@ def _output(node: PTopN | PSession, rows: Any) -> Any:
         if node.rank:
             fields.append(StructField(node.rank, IntegerType()))
     return StructType([*fields, StructField(WEIGHT, LongType())])
-
-
-def _run(task, key, rows):  # no annotations: Spark would read them as the UDF's kind
-    task_started()
-    return task.run(key, rows)
 
 
 @dataclass(frozen=True)

@@ -20,13 +20,14 @@ from octo_platform.runtime.operators.arrow import concat, read_parquet
 from octo_platform.runtime.operators.context import BatchContext, StagedWrite
 from octo_platform.runtime.state_log import StateFile, compaction
 from octo_platform.sqltext import quote
+from octo_platform.workers import task_started
 
 if TYPE_CHECKING:
     from pyspark.sql import DataFrame
     from pyspark.sql.types import StructType
 
 __all__ = ["PART", "Log", "bucket_logs", "visits", "read_bucket", "tagged_schema",
-           "tagged", "log_parts", "stage_logs"]
+           "tagged", "log_parts", "stage_logs", "run_group", "run_cogroup"]
 
 PART = "_part"
 Parts = list[tuple[int, str, pa.Table]]  # (part, struct column, rows)
@@ -59,6 +60,19 @@ def visits(rows: DataFrame, weight: str, buckets: set[int]) -> DataFrame:
     return rows.unionByName(ids.selectExpr(*[
         f"CAST({0 if c == weight else 'NULL'} AS {t}) AS {quote(c)}" for c, t in types.items()
         if c != BUCKET], BUCKET))
+
+
+def run_group(task, key, rows):  # no annotations: Spark would read them as the UDF's kind
+    """The ``applyInArrow`` function of a grouped frame (``functools.partial`` with
+    ``task``, whose ``run`` does the work); runs in Spark tasks."""
+    task_started()
+    return task.run(key, rows)
+
+
+def run_cogroup(task, key, left, right):  # no annotations: as ``run_group``
+    """``run_group`` for a cogrouped frame."""
+    task_started()
+    return task.run(key, left, right)
 
 
 def read_bucket(reader: Callable[[str, str], Any], path: str, files: list[StateFile],
