@@ -168,15 +168,20 @@ def measure_batch_vs_state(spark: Any, workdir: Path, batch_events: int = 100_00
     of ``batch_events`` bids over keys drawn from those N is timed (the run's reported
     seconds of that batch; the median is the figure: one run each moved 2-4x on a noisy
     machine), and so is a run of two such files' second batch (the state cache loaded).
-    The Spark jobs of a one-batch run are counted, and, for the first N, those of a
-    following run with nothing to do (the run's fixed part).
+    Drawn with replacement, ``batch_events`` keys are fewer distinct ones the fewer keys
+    there are (100K draws: 63.2K distinct keys of 100K, 97.6K of 2M), so the larger state's
+    batch also changes more rows; a run of one file of ``batch_events`` distinct keys times
+    the same with the change held equal. The Spark jobs of a one-batch run are counted,
+    and, for the first N, those of a following run with nothing to do (the run's fixed
+    part).
     """
     rng = np.random.default_rng(7)
     out: dict[str, Any] = {}
     for n in state_keys:
-        state = PrimedState.make(spark, workdir / f"state-{n}", n, 3, batch_events, rng)
+        state = PrimedState.make(spark, workdir / f"state-{n}", n, 3, batch_events, rng,
+                                 distinct=1)
         project, warehouse, fresh = state.project, state.warehouse, state.fresh
-        first, second = [], []
+        first, second, equal = [], [], []
         for _ in range(repeat):
             fresh((1,))
             jobs, report = count_jobs(
@@ -187,7 +192,11 @@ def measure_batch_vs_state(spark: Any, workdir: Path, batch_events: int = 100_00
             first.append(secs[0])
             fresh((2, 3))
             second.append(batch_seconds(run_octo(spark, project, warehouse))[-1])
+            fresh((4,))
+            equal.append(batch_seconds(run_octo(spark, project, warehouse))[0])
         out[f"batch_s_with_{n}_keys"] = round(statistics.median(first), 3)
+        out[f"distinct_batch_s_with_{n}_keys"] = round(statistics.median(equal), 3)
+        out[f"distinct_batch_s_runs_{n}_keys"] = [round(x, 3) for x in equal]
         out[f"batch_s_runs_{n}_keys"] = [round(x, 3) for x in first]
         out[f"jobs_one_batch_run_{n}_keys"] = jobs
         out[f"runtime_jobs_{n}_keys"] = batch_jobs(report)
@@ -203,6 +212,9 @@ def measure_batch_vs_state(spark: Any, workdir: Path, batch_events: int = 100_00
         out[f"next_batch_s_with_{n}_keys"] = round(statistics.median(second), 3)
         log(f"[state] the next batch of a run over {n} keys: {statistics.median(second):.2f}s "
             f"(median of {', '.join(f'{x:.2f}' for x in second)})")
+        log(f"[state] {batch_events} distinct keys over {n} keys: "
+            f"{statistics.median(equal):.2f}s (median of "
+            f"{', '.join(f'{x:.2f}' for x in equal)})")
     return out
 
 
@@ -225,11 +237,13 @@ class PrimedState:
 
     @staticmethod
     def make(spark: Any, work: Path, keys: int, files: int, batch_events: int, rng: Any,
-             reuse: bool = False) -> PrimedState:
+             reuse: bool = False, distinct: int = 0) -> PrimedState:
         """Prime the state with one file of ``keys`` distinct auctions (a run, not timed) and
-        write ``files`` files of ``batch_events`` bids over them; with ``reuse``, those an
-        earlier call left in ``work`` for as many files."""
-        state, done = PrimedState(work, keys), work / f"primed-{files}-files"
+        write ``files`` files of ``batch_events`` bids over them (auctions drawn with
+        replacement), then ``distinct`` files numbered after those, each of ``batch_events``
+        bids on as many distinct auctions; with ``reuse``, those an earlier call left in
+        ``work`` for as many files."""
+        state, done = PrimedState(work, keys), work / f"primed-{files}-{distinct}-files"
         if reuse and done.exists():
             return state
         shutil.rmtree(work, ignore_errors=True)
@@ -242,9 +256,10 @@ class PrimedState:
         log(f"[state] {keys} keys primed in {time.perf_counter() - t0:.1f}s")
         shutil.copytree(state.warehouse, work / "primed")
         (work / "later").mkdir()
-        for i in range(1, files + 1):
-            _write_bids(work / "later" / f"part-{i:05d}.parquet",
-                        rng.integers(0, keys, batch_events, dtype=np.int64), rng)
+        for i in range(1, files + distinct + 1):
+            auctions = rng.integers(0, keys, batch_events, dtype=np.int64) if i <= files \
+                else rng.choice(keys, batch_events, replace=False).astype(np.int64)
+            _write_bids(work / "later" / f"part-{i:05d}.parquet", auctions, rng)
         done.touch()
         return state
 
@@ -353,6 +368,15 @@ def targets(res: dict[str, Any]) -> list[Target]:
     rows.append(Target(
         "batch_vs_state_next", "the same, a run's second batch (its state cache loaded)",
         "info", "s", w_big, w_small, note="the row above times a run's first batch"))
+    e_small, e_big = (st.get(f"distinct_batch_s_with_{k}_keys") for k in (k_small, k_big))
+    rows.append(Target(
+        "batch_vs_state_equal_change", "the same first batch with the change held equal: "
+        f"{human(p['state_batch'])} events on as many distinct keys", "ratio_max", "s", e_big,
+        e_small, 1.5, note=f"the row two above draws its keys with replacement: "
+        f"{human(p['state_batch'])} draws are {_distinct_share(p['state_batch'], k_big):.1%} "
+        f"distinct keys over {human(k_big)} and {_distinct_share(p['state_batch'], k_small):.1%}"
+        f" over {human(k_small)}, so there the larger state's batch also changes more rows; "
+        "here both change as many (not the issue's row)", details=st))
     run_jobs, idle = st.get(f"jobs_one_batch_run_{k_small}_keys"), st.get("jobs_idle_run")
     native = a.get("spark_jobs")
     own = st.get(f"runtime_jobs_{k_small}_keys")
@@ -368,6 +392,12 @@ def targets(res: dict[str, Any]) -> list[Target]:
         details={"octo_one_batch_run": run_jobs, "octo_idle_run": idle, "octo_runtime": own,
                  "native_run": native, "native_batches": a["batches"]}))
     return rows
+
+
+def _distinct_share(draws: int, keys: int) -> float:
+    """The expected share of distinct keys among ``draws`` drawn with replacement from
+    ``keys``."""
+    return keys * (1 - (1 - 1 / keys) ** draws) / draws
 
 
 def main(argv: list[str] | None = None) -> int:
