@@ -12,7 +12,8 @@ All contenders read the same parquet file stream (one micro-batch per file) in o
 Session startup and a warm-up of every variant on a small separate input (100K bids) are
 excluded from the timings. Then one 100K-event batch is timed with 100K and with 2M keys
 already in octo's state (the median of 3 runs, each on a copy of the primed warehouse),
-and the Spark jobs of a one-batch octo run are counted. Prints the
+and again with its 100K events on as many distinct keys (the change held equal), and the
+Spark jobs of a one-batch octo run are counted. Prints the
 issue 9 rows it covers (see benchmarks/README.md); ``benchmarks/bench.py`` runs it with the
 other benchmarks in one session.
 """
@@ -169,7 +170,7 @@ def measure_batch_vs_state(spark: Any, workdir: Path, batch_events: int = 100_00
     seconds of that batch; the median is the figure: one run each moved 2-4x on a noisy
     machine), and so is a run of two such files' second batch (the state cache loaded).
     Drawn with replacement, ``batch_events`` keys are fewer distinct ones the fewer keys
-    there are (100K draws: 63.2K distinct keys of 100K, 97.6K of 2M), so the larger state's
+    there are (100K draws: 63.2K distinct keys of 100K, 97.5K of 2M), so the larger state's
     batch also changes more rows; a run of one file of ``batch_events`` distinct keys times
     the same with the change held equal. The Spark jobs of a one-batch run are counted,
     and, for the first N, those of a following run with nothing to do (the run's fixed
