@@ -26,7 +26,7 @@ def _conf_pair(text: str) -> tuple[str, str]:
 
 
 def _parser() -> argparse.ArgumentParser:
-    from octo_platform.runtime.driver import DEFAULT_DRIVER_ROWS
+    from octo_platform.runtime.driver import DEFAULT_DRIVER_ROWS, DEFAULT_DRIVER_STATE_ROWS
     from octo_platform.runtime.operators.arrow import DRIVER_BYTES
 
     p = argparse.ArgumentParser(prog="octo", description="Streaming SQL on Spark and Delta Lake")
@@ -59,6 +59,11 @@ def _parser() -> argparse.ArgumentParser:
                      "events, run in the driver, with no Spark job (but one to read CSV or "
                      f"delta inputs), when their input is at most {DRIVER_BYTES >> 20} MiB "
                      f"(default: {DEFAULT_DRIVER_ROWS}; 0: never)")
+    run.add_argument("--driver-state-rows", type=int, default=DEFAULT_DRIVER_STATE_ROWS,
+                     metavar="N", help="... while the state they would hold in the driver "
+                     "(operator state and current-state rows) is at most N rows; a table "
+                     f"with more runs its batches as Spark jobs (default: "
+                     f"{DEFAULT_DRIVER_STATE_ROWS})")
     run.add_argument("--interval", default="1 second",
                      help="trigger interval of a continuous run (default: 1 second)")
     run.add_argument("--parallel", type=int, default=3,
@@ -167,7 +172,8 @@ def _run(args: argparse.Namespace) -> int:
     spark = _session(args)
     report = run_tables(spark, project,
                         options=default_options(warehouse=args.warehouse, buckets=args.buckets,
-                                                driver_rows=args.driver_rows),
+                                                driver_rows=args.driver_rows,
+                                                driver_state_rows=args.driver_state_rows),
                         names=None if args.all else names,
                         until_idle=args.until_idle, interval=args.interval,
                         parallel=args.parallel)

@@ -9,7 +9,7 @@ import functools
 from typing import Callable
 
 from octo_platform.runtime.environment import Environment
-from octo_platform.runtime.driver import DEFAULT_DRIVER_ROWS
+from octo_platform.runtime.driver import DEFAULT_DRIVER_ROWS, DEFAULT_DRIVER_STATE_ROWS
 from octo_platform.runtime.options import RunOptions
 from octo_platform.runtime.pipeline import DEFAULT_BUCKETS
 
@@ -57,8 +57,10 @@ def default_options(*, warehouse: str | None = None,
                     storage_options: dict[str, str] | None = None,
                     buckets: int = DEFAULT_BUCKETS,
                     progress: Callable[[str], None] | None = print,
-                    driver_rows: int = DEFAULT_DRIVER_ROWS) -> RunOptions:
+                    driver_rows: int = DEFAULT_DRIVER_ROWS,
+                    driver_state_rows: int = DEFAULT_DRIVER_STATE_ROWS) -> RunOptions:
     """``RunOptions`` on the default environment, e.g.
     ``run_tables(spark, "my_project", options=default_options(warehouse="s3://b/wh"))``."""
     return RunOptions(default_environment(storage_options), warehouse=warehouse,
-                      buckets=buckets, progress=progress, driver_rows=driver_rows)
+                      buckets=buckets, progress=progress, driver_rows=driver_rows,
+                      driver_state_rows=driver_state_rows)

@@ -93,6 +93,11 @@ class WarehouseResource(dg.ConfigurableResource):
         description="batches of at most this many input rows run in the driver with no Spark "
                     "job (0: never); default the runtime's (1,000,000), as "
                     "`octo run --driver-rows`")
+    driver_state_rows: Optional[int] = Field(
+        default=None,
+        description="... while the state they would hold in the driver (operator state and "
+                    "current-state rows) is at most this many rows; default the runtime's "
+                    "(10,000,000), as `octo run --driver-state-rows`")
 
     def location(self, project_root: str | Path) -> str:
         """The resolved warehouse for a project: absolute path or URI."""
@@ -106,7 +111,9 @@ class WarehouseResource(dg.ConfigurableResource):
         (delta-rs with ``storage_options``, the built-in connectors)."""
         from octo_platform.wiring import default_options
 
-        extra = {} if self.driver_rows is None else {"driver_rows": self.driver_rows}
+        extra = {k: v for k, v in (("driver_rows", self.driver_rows),
+                                   ("driver_state_rows", self.driver_state_rows))
+                 if v is not None}
         return default_options(warehouse=self.location(project_root),
                                storage_options=self.storage_options or None, progress=progress,
                                **extra)

@@ -150,10 +150,12 @@ def test_resources_are_chosen_from_the_environment(tmp_path):
     spark = SparkResource(spark_config={"spark.a": 1, "spark.b": "x"}, conf={"spark.b": "y"})
     assert isinstance(spark, PySparkResource)
     assert spark.settings() == {"spark.a": "1", "spark.b": "y"}
-    from octo_platform.runtime.driver import DEFAULT_DRIVER_ROWS
+    from octo_platform.runtime.driver import DEFAULT_DRIVER_ROWS, DEFAULT_DRIVER_STATE_ROWS
 
     assert WarehouseResource().options(tmp_path).driver_rows == DEFAULT_DRIVER_ROWS
     assert WarehouseResource(driver_rows=0).options(tmp_path).driver_rows == 0
+    assert WarehouseResource().options(tmp_path).driver_state_rows == DEFAULT_DRIVER_STATE_ROWS
+    assert WarehouseResource(driver_state_rows=5).options(tmp_path).driver_state_rows == 5
 
 
 # -- materialization: a chain of two streaming tables, twice --------------------------------

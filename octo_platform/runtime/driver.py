@@ -2,10 +2,11 @@
 
 A batch whose input holds at most ``driver_rows`` rows (a run option; counted from
 metadata before anything is read: Parquet footers, Kafka offsets, Delta file statistics,
-lines of small text files) and ``arrow.DRIVER_BYTES``, and whose plan the kernels cover
+lines of small text files) and ``arrow.DRIVER_BYTES``, whose plan the kernels cover
 (filters, projections, unions, GROUP BY (windows that close and EMIT ON WINDOW CLOSE too),
-joins, top-N, SESSION windows and sliding OVER ranges, ``state_ttl`` too) runs here
-instead of in a Spark job:
+joins, top-N, SESSION windows and sliding OVER ranges, ``state_ttl`` too), and whose
+table's state the driver may hold (``held_rows``: at most ``driver_state_rows``, a run
+option) runs here instead of in a Spark job:
 
 1. each input's rows are read into Arrow (``toArrow``: the path's one Spark job per input
    read; record counts and dead letters are observed by it as on the Spark path);
@@ -28,7 +29,7 @@ from __future__ import annotations
 import os
 from collections import Counter
 from functools import reduce
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Callable
 
 import numpy as np
 import pyarrow as pa
@@ -67,12 +68,16 @@ if TYPE_CHECKING:
     from octo_platform.runtime.stats import BatchStats
     from octo_platform.runtime.table_run import TableRun
 
-__all__ = ["DEFAULT_DRIVER_ROWS", "plan_runs_in_driver", "input_rows",
-           "run_in_driver", "Unsupported"]
+__all__ = ["DEFAULT_DRIVER_ROWS", "DEFAULT_DRIVER_STATE_ROWS", "plan_runs_in_driver",
+           "input_rows", "held_rows", "forget_held", "run_in_driver", "Unsupported"]
 
 # Measured (benchmarks/README.md, "The driver path's bounds"): on 2 local cores the driver
 # path beat the Spark path at every batch size up to 1M rows, 2-9x.
 DEFAULT_DRIVER_ROWS = 1_000_000
+# The state the driver path holds in the driver's memory: a run of one 100K-event batch
+# over 2M keys of GROUP BY state (and 2M current rows) peaked ~290 MB above the same over
+# 100K keys, ~150 bytes a row (benchmarks/README.md); 10M rows is ~1.5 GB.
+DEFAULT_DRIVER_STATE_ROWS = 10_000_000
 _KAFKA_RECORD_BYTES = 1024  # a Kafka record's bytes are not known before it is fetched
 _TEXT_BYTES_PER_ROW = 4096  # a text file bigger than this per allowed row is not counted
 _W = quote(WEIGHT)
@@ -84,6 +89,43 @@ def plan_runs_in_driver(plan: PhysicalPlan) -> bool:
     """Whether every operator of the plan has a driver-path kernel."""
     return all(isinstance(n, (PSource, PStateless, PUnion)) or kernel_supports(n)
                for n in plan.operators)
+
+
+def held_rows(pipe: TableRun, state_log: Callable[[str], list[dict[str, Any]]],
+              pinned: dict[str, int | None], memo: dict[str, Any]) -> int | None:
+    """Rows the driver path would hold for the batch. Once the run holds state (``memo``'s
+    ``cache:`` entries), what it holds, counted in memory (the Delta logs would cost a
+    snapshot of every state table each batch, ~3 ms a table, where a batch whose cache is
+    current reads none). Before that, from the Delta logs (no data read; the batch lists
+    them anyway): every state table's pinned files (``state_log``; the run's state cache
+    loads each table whole) and, unless the batch only appends to it, the current-state
+    table's (the buckets the batch touches are read, then kept for the run); None when a
+    file's count is unknown."""
+    held = [entry[1] for key, entry in memo.items() if key.startswith("cache:")]
+    if held:
+        return sum(_num_rows(rows) for rows in held)
+    files = [f for t in pipe.table.physical.state_tables for f in state_log(t)]
+    if not appends_current(pipe, pinned):
+        files += pipe.env.store.data_files(pipe.layout.current(pipe.name),
+                                           pinned.get("current"))
+    if any(f["rows"] is None for f in files):
+        return None
+    return sum(int(f["rows"]) for f in files)
+
+
+def _num_rows(held: Any) -> int:
+    """Rows of a held entry: a state table's rows (``KeyedRows`` or Arrow), or the
+    current-state rows by bucket."""
+    if isinstance(held, dict):
+        return sum(_num_rows(rows) for rows in held.values())
+    return held.num_rows
+
+
+def forget_held(memo: dict[str, Any]) -> None:
+    """Drop what the driver path holds for the run (the state cache and the current-state
+    rows: the memo's ``cache:`` entries)."""
+    for key in [k for k in memo if k.startswith("cache:")]:
+        del memo[key]
 
 
 def input_rows(pipe: TableRun, inputs: dict[str, Any], limit: int) -> int | None:

@@ -14,7 +14,7 @@ from typing import Callable
 from octo_platform.project import DEFAULT_WAREHOUSE
 from octo_platform.runtime.environment import Environment
 from octo_platform.runtime.layout import Layout
-from octo_platform.runtime.driver import DEFAULT_DRIVER_ROWS
+from octo_platform.runtime.driver import DEFAULT_DRIVER_ROWS, DEFAULT_DRIVER_STATE_ROWS
 from octo_platform.runtime.pipeline import DEFAULT_BUCKETS
 
 __all__ = ["RunOptions", "resolve_warehouse"]
@@ -28,7 +28,8 @@ class RunOptions:
     partitions of a new table; ``progress``: receives one line per batch (None: quiet);
     ``driver_rows``: batches of at most this many input rows (and at most
     ``operators.arrow.DRIVER_BYTES`` of input) run in the driver, with no Spark job but
-    reading the input (0: every batch runs as Spark jobs).
+    reading the input (0: every batch runs as Spark jobs); ``driver_state_rows``: ... while
+    the state they hold there (state tables, current-state rows) is at most this many rows.
     """
 
     env: Environment
@@ -36,6 +37,7 @@ class RunOptions:
     buckets: int = DEFAULT_BUCKETS
     progress: Callable[[str], None] | None = print
     driver_rows: int = DEFAULT_DRIVER_ROWS
+    driver_state_rows: int = DEFAULT_DRIVER_STATE_ROWS
 
     def layout(self, project_root: Path) -> Layout:
         """Where the tables of the project at ``project_root`` live."""

@@ -21,7 +21,10 @@ from octo_platform.errors import RunError
 from octo_platform.project import CompiledTable, Project
 from octo_platform.runtime.driver import (
     DEFAULT_DRIVER_ROWS,
+    DEFAULT_DRIVER_STATE_ROWS,
     Unsupported,
+    forget_held,
+    held_rows,
     input_rows,
     plan_runs_in_driver,
     run_in_driver,
@@ -99,7 +102,8 @@ class Pipeline:
     def __init__(self, spark: SparkSession, project: Project, table: CompiledTable,
                  layout: Layout, env: Environment, *, buckets: int = DEFAULT_BUCKETS,
                  progress: Callable[[str], None] | None = print,
-                 check_plan: bool = True, driver_rows: int = DEFAULT_DRIVER_ROWS) -> None:
+                 check_plan: bool = True, driver_rows: int = DEFAULT_DRIVER_ROWS,
+                 driver_state_rows: int = DEFAULT_DRIVER_STATE_ROWS) -> None:
         self.spark = spark
         self.project = project
         self.table = table
@@ -112,6 +116,9 @@ class Pipeline:
         self.memo: dict[str, Any] = {}  # per run: shapes, and the driver path's state cache
         # Batches of at most this many input rows run in the driver (``driver.py``).
         self.driver_rows = driver_rows if plan_runs_in_driver(table.physical) else 0
+        # ... and only while the state they hold there is at most this many rows.
+        self.driver_state_rows = driver_state_rows
+        self.state_too_large = False  # said once a run
         self.inputs = input_specs(project, table, layout)
         self.log = BatchLog(env.store, layout.log(self.name))
         self.delta_sources = {
@@ -190,6 +197,8 @@ class Pipeline:
         try:
             versions = None
             rows = input_rows(self, inputs, self.driver_rows) if self.driver_rows else None
+            if rows is not None and not self.driver_holds(state_log, pinned):
+                rows = None
             if rows is not None:
                 try:
                     written = run_in_driver(self, ctx, inputs, rows, pinned, ts_ms, stats,
@@ -224,6 +233,23 @@ class Pipeline:
             self.progress(stats.line())
         stats.sinks = self.publish()
         return stats
+
+    def driver_holds(self, state_log: Callable[[str], list], pinned: dict[str, int | None]
+                     ) -> bool:
+        """Whether the driver may hold the batch's state (``driver.held_rows``: at most
+        ``driver_state_rows``); if not, what the run held there is dropped, and the Spark
+        path runs the batch."""
+        held = held_rows(self, state_log, pinned, self.memo)
+        if held is not None and held <= self.driver_state_rows:
+            return True
+        forget_held(self.memo)
+        if self.progress and not self.state_too_large:
+            size = "of unknown size" if held is None else f"of {held:,} rows"
+            self.progress(f"[{self.name}] state {size}, more than the driver holds "
+                          f"(driver_state_rows {self.driver_state_rows:,}): its batches run "
+                          "as Spark jobs")
+        self.state_too_large = True
+        return False
 
     def spark_batch(self, ctx: BatchContext, pinned: dict[str, int | None], ts_ms: int,
                     stats: BatchStats, *, resumed: bool) -> dict[str, int | None]:

@@ -510,7 +510,8 @@ def _pipeline_factory(spark: SparkSession, proj: Project, table, layout: Layout,
                       options: RunOptions) -> Callable[[], Pipeline]:
     """Builds ``table``'s pipeline from what is on disk (its batch log, checked plan)."""
     return lambda: Pipeline(spark, proj, table, layout, options.env, buckets=options.buckets,
-                            progress=options.progress, driver_rows=options.driver_rows)
+                            progress=options.progress, driver_rows=options.driver_rows,
+                            driver_state_rows=options.driver_state_rows)
 
 
 def _catch_up(queries: list[_Query], parallel: int) -> None:
