@@ -60,10 +60,10 @@ def _parser() -> argparse.ArgumentParser:
                      f"delta inputs), when their input is at most {DRIVER_BYTES >> 20} MiB "
                      f"(default: {DEFAULT_DRIVER_ROWS}; 0: never)")
     run.add_argument("--driver-state-rows", type=int, default=DEFAULT_DRIVER_STATE_ROWS,
-                     metavar="N", help="... while the state they would hold in the driver "
-                     "(operator state and current-state rows) is at most N rows; a table "
-                     f"with more runs its batches as Spark jobs (default: "
-                     f"{DEFAULT_DRIVER_STATE_ROWS})")
+                     metavar="N", help="a table's batches run in the driver (--driver-rows) "
+                     "only while the state they would hold there (operator state and "
+                     "current-state rows) is at most N rows; above, they run as Spark jobs "
+                     f"(default: {DEFAULT_DRIVER_STATE_ROWS})")
     run.add_argument("--interval", default="1 second",
                      help="trigger interval of a continuous run (default: 1 second)")
     run.add_argument("--parallel", type=int, default=3,

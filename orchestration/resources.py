@@ -95,9 +95,10 @@ class WarehouseResource(dg.ConfigurableResource):
                     "`octo run --driver-rows`")
     driver_state_rows: Optional[int] = Field(
         default=None,
-        description="... while the state they would hold in the driver (operator state and "
-                    "current-state rows) is at most this many rows; default the runtime's "
-                    "(10,000,000), as `octo run --driver-state-rows`")
+        description="a table's batches run in the driver (driver_rows) only while the state "
+                    "they would hold there (operator state and current-state rows) is at most "
+                    "this many rows; default the runtime's (10,000,000), as "
+                    "`octo run --driver-state-rows`")
 
     def location(self, project_root: str | Path) -> str:
         """The resolved warehouse for a project: absolute path or URI."""

@@ -28,8 +28,8 @@ class RunOptions:
     partitions of a new table; ``progress``: receives one line per batch (None: quiet);
     ``driver_rows``: batches of at most this many input rows (and at most
     ``operators.arrow.DRIVER_BYTES`` of input) run in the driver, with no Spark job but
-    reading the input (0: every batch runs as Spark jobs); ``driver_state_rows``: ... while
-    the state they hold there (state tables, current-state rows) is at most this many rows.
+    reading the input (0: every batch runs as Spark jobs), and only while the state they
+    would hold there (state tables, current-state rows) is at most ``driver_state_rows``.
     """
 
     env: Environment
