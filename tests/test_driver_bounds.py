@@ -5,6 +5,7 @@ batches only append to its current state holds nothing there, whatever its size.
 from __future__ import annotations
 
 from octo_platform.project import load_project
+from octo_platform.runtime import sink
 from octo_platform.runtime.driver import held_rows
 from octo_platform.runtime.runner import run_tables
 from octo_platform.wiring import default_options
@@ -67,3 +68,23 @@ def test_held_rows_counts_state_and_current_rows_from_the_delta_logs(spark, tmp_
     assert state >= keys
     assert held_rows(pipe, lambda t: store.data_files(
         layout.state("per_k", t), pinned.get(f"state/{t}")), pinned, {}) == state + keys
+
+
+def test_an_append_only_table_appends_and_rewrites_in_one_run(spark, tmp_path, monkeypatch):
+    """In one run on the driver path, an append-only table's batches append to its current
+    state until each bucket holds ``APPENDS_PER_BUCKET`` files, then rewrite the buckets they
+    touch, then append again: the rows a rewrite kept for the run are out of date once a
+    batch appends (dropped), and every batch's result is the batch SQL's."""
+    monkeypatch.setattr(sink, "APPENDS_PER_BUCKET", 2)
+    src = RandomInput(11, False)
+    sql = SQL.format(ddl=src.ddl()).replace("format = 'json')",
+                                            "format = 'json', max_files_per_batch = '1')")
+    (tmp_path / "sql").mkdir()
+    (tmp_path / "sql" / "tables.sql").write_text(sql)
+    for f in range(6):
+        write_lines(tmp_path / "data" / "src", f"r{f}.json", src.lines(20))
+    report = run_tables(spark, tmp_path, options=default_options(buckets=2, progress=None),
+                        names=["kept"], until_idle=True)
+    assert [b.path for b in report.batches] == ["driver"] * 6
+    check_tables(spark, tmp_path / "warehouse", sql, {"src": src.relation()}, {"kept": False},
+                 0)

@@ -223,6 +223,8 @@ def run_in_driver(pipe: TableRun, ctx: BatchContext, inputs: dict[str, Any], row
     lc.settle(versions)
     if kept is not None:
         ctx.memo[_CURRENT] = (versions.get("current"), kept)
+    else:  # appended to: buckets an earlier batch rewrote and kept are out of date
+        ctx.memo.pop(_CURRENT, None)
     stats.events = {c["values"]: c["counts"]
                     for c in pc.value_counts(events.column("op")).to_pylist()}
     if local is not None:
