@@ -43,6 +43,7 @@ from octo_platform.local_frames import arrow_schema
 from octo_platform.runtime.operators.arrow import DRIVER_BYTES, concat, key_join, \
     normal_floats, primitive, run_starts, safe_keys, sort_indices
 from octo_platform.runtime.operators.kernels import (
+    HELD,
     AggregateKernel,
     JoinKernel,
     LocalContext,
@@ -82,7 +83,7 @@ _KAFKA_RECORD_BYTES = 1024  # a Kafka record's bytes are not known before it is 
 _TEXT_BYTES_PER_ROW = 4096  # a text file bigger than this per allowed row is not counted
 _W = quote(WEIGHT)
 _SIGN = "__octo_sign"
-_CURRENT = "cache:current"  # the run's current-state rows by bucket, and their version
+_CURRENT = f"{HELD}current"  # the run's current-state rows by bucket, and their version
 
 
 def plan_runs_in_driver(plan: PhysicalPlan) -> bool:
@@ -94,14 +95,14 @@ def plan_runs_in_driver(plan: PhysicalPlan) -> bool:
 def held_rows(pipe: TableRun, state_log: Callable[[str], list[dict[str, Any]]],
               pinned: dict[str, int | None], memo: dict[str, Any]) -> int | None:
     """Rows the driver path would hold for the batch. Once the run holds state (``memo``'s
-    ``cache:`` entries), what it holds, counted in memory (the Delta logs would cost a
+    ``kernels.HELD`` entries), what it holds, counted in memory (the Delta logs would cost a
     snapshot of every state table each batch, ~3 ms a table, where a batch whose cache is
     current reads none). Before that, from the Delta logs (no data read; the batch lists
     them anyway): every state table's pinned files (``state_log``; the run's state cache
     loads each table whole) and, unless the batch only appends to it, the current-state
     table's (the buckets the batch touches are read, then kept for the run); None when a
     file's count is unknown."""
-    held = [entry[1] for key, entry in memo.items() if key.startswith("cache:")]
+    held = [entry[1] for key, entry in memo.items() if key.startswith(HELD)]
     if held:
         return sum(_num_rows(rows) for rows in held)
     files = [f for t in pipe.table.physical.state_tables for f in state_log(t)]
@@ -123,8 +124,8 @@ def _num_rows(held: Any) -> int:
 
 def forget_held(memo: dict[str, Any]) -> None:
     """Drop what the driver path holds for the run (the state cache and the current-state
-    rows: the memo's ``cache:`` entries)."""
-    for key in [k for k in memo if k.startswith("cache:")]:
+    rows: the memo's ``kernels.HELD`` entries)."""
+    for key in [k for k in memo if k.startswith(HELD)]:
         del memo[key]
 
 

@@ -42,7 +42,11 @@ if TYPE_CHECKING:
     from pyspark.sql import DataFrame
 
 __all__ = ["LocalContext", "StagedRows", "AggregateKernel", "JoinKernel", "kernel_supports",
-           "Unsupported"]
+           "Unsupported", "HELD"]
+
+# The pipeline memo's keys of what a run holds in the driver: each state table's rows (``HELD``
+# + the table, ``LocalContext.cached``) and the current-state buckets (``driver.current``).
+HELD = "cache:"
 
 
 class Unsupported(Exception):
@@ -126,18 +130,18 @@ class LocalContext:
         from local files (``local``, given the pinned files, none for an empty log; None
         when one is remote), else by Spark (``load``: the rows as a Spark frame)."""
         version = self.pinned.get(f"state/{table}")
-        got = self.ctx.memo.get(f"cache:{table}")
+        got = self.ctx.memo.get(f"{HELD}{table}")
         if got is not None and got[0] == version:
             return got[1]
         rows = local(self.ctx.state_log(table))
         cache = KeyedRows(load().toArrow() if rows is None else rows, keys, kept=True)
-        self.ctx.memo[f"cache:{table}"] = (version, cache)
+        self.ctx.memo[f"{HELD}{table}"] = (version, cache)
         return cache
 
     def settle(self, versions: dict[str, int | None]) -> None:
         """After the commits: the cache holds each state table's rows at its new version."""
         for table, rows in self.fresh.items():
-            self.ctx.memo[f"cache:{table}"] = (versions.get(f"state/{table}"), rows)
+            self.ctx.memo[f"{HELD}{table}"] = (versions.get(f"state/{table}"), rows)
 
     def stage(self, table: str, changes: pa.Table, before: Callable[[], pa.Table],
               base: Callable[[pa.Table], pa.Table],
