@@ -162,7 +162,10 @@ def test_run_until_idle_with_spark_conf_then_continuous_with_ctrl_c(tmp_path):
     assert 3 in tasks and 2 not in tasks, tasks
 
     env = {**os.environ, "PYSPARK_PYTHON": sys.executable}
-    proc = subprocess.Popen([sys.executable, "-m", "octo_platform.cli", "run", "stats"],
+    # --driver-state-rows 5: batch 0's state (3 keys, 3 current rows) is more than the
+    # driver may hold, so the one-row batch 1 runs as Spark jobs, and the run says why once
+    proc = subprocess.Popen([sys.executable, "-m", "octo_platform.cli", "run", "stats",
+                             "--driver-state-rows", "5"],
                             cwd=root, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
                             text=True)
     try:
@@ -177,6 +180,10 @@ def test_run_until_idle_with_spark_conf_then_continuous_with_ctrl_c(tmp_path):
             if "[stats] batch 1" in seen:
                 break
         assert "[stats] batch 1: 1 rows in, events c=1" in seen
+        batch_1 = next(ln for ln in seen.splitlines() if ln.startswith("[stats] batch 1"))
+        assert batch_1.endswith("spark path"), batch_1
+        assert seen.count("more than the driver holds (driver_state_rows 5): its batches "
+                          "run as Spark jobs") == 1, seen
         proc.send_signal(signal.SIGINT)
         out = proc.communicate(timeout=120)[0]
     finally:
