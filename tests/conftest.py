@@ -21,9 +21,9 @@ def spark():
     # rows (`test_oracle_joins`' Spark-path project: 158.9 s with, 129.7 s without). Runs
     # in their own process (`octo run`, the cluster test, the benchmarks) keep Spark's
     # default, as a production run's Spark path, which takes the large batches, does.
-    # The JIT compiles a method after 10x Java's default number of calls: the suite's small
-    # Spark-path batches kept its compiler threads busiest of the JVM's (63.7 of 110 CPU-s
-    # in one profile) on Spark's planning code, run a few times per plan
+    # The JIT compiles a method after 10x Java's default number of calls: on the suite's
+    # small Spark-path batches its compiler threads took 63.7 of the JVM's 110 CPU-s (one
+    # profile), compiling Spark's planning code, which runs a few times per plan
     # (`test_oracle_joins[spark]` alone: 319 CPU-s with, 360-383 without; `test_oracle.py`
     # and `test_windows.py`: 601 against 638; benchmarks/README).
     session = spark_session(conf={"spark.driver.memory": "2g",
