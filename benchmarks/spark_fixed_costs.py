@@ -6,10 +6,11 @@
 Each row is a job over 12 rows built from ``spark.range``: a plain collect, an exchange, a
 Python ``mapInArrow`` stage (what every octo kernel and writer is on the Spark path), and
 two of each. Medians and minimums of ``--runs`` runs after a warm-up of as many, in one
-session with the test suite's settings (code generation off, ``tests/conftest.py``) unless
-``--conf`` adds others (e.g. ``spark.sql.shuffle.partitions=1``). A Spark-path batch of a
-join + aggregate runs several such stages plus its planning, so what a row costs here is
-what a dozen-row batch cannot go under (benchmarks/README.md).
+session with the test suite's settings (``tests/conftest.py``'s ``SESSION_CONF``: code
+generation off, the JIT compiling later) and any ``--conf`` given (e.g.
+``spark.sql.shuffle.partitions=1``). A Spark-path batch of a join + aggregate runs several
+such stages plus its planning, so what a row costs here is what a dozen-row batch cannot go
+under (benchmarks/README.md).
 """
 from __future__ import annotations
 
@@ -19,12 +20,11 @@ import sys
 import time
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
+HERE = Path(__file__).resolve().parent
+sys.path[:0] = [str(HERE), str(HERE.parent)]
 
 from common import session  # noqa: E402
-
-TEST_CONF = {"spark.sql.codegen.wholeStage": "false",
-             "spark.sql.codegen.factoryMode": "NO_CODEGEN"}
+from tests.conftest import SESSION_CONF  # noqa: E402
 
 
 def _through(batches):
@@ -36,7 +36,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--runs", type=int, default=30)
     p.add_argument("--conf", action="append", default=[], metavar="KEY=VALUE")
     args = p.parse_args(argv)
-    spark = session({**TEST_CONF, **dict(kv.split("=", 1) for kv in args.conf)})
+    spark = session({**SESSION_CONF, **dict(kv.split("=", 1) for kv in args.conf)})
 
     def one(parts: int = 1):
         return spark.range(0, 12, 1, parts)
