@@ -56,10 +56,6 @@ DEFAULT_CONF = {
     # Delta's default rebuilds a table's snapshot in 50 tasks: on 2 cores a read of a small
     # octo table took 3-4 s, with 2 tasks 0.3-1 s. Raise it with the cluster's cores.
     "spark.databricks.delta.snapshotPartitions": "2",
-    # A Unix socket between each executor and its Python workers (Spark 4.1+): over TCP each
-    # Python task waited ~40 ms for its first rows (Nagle's algorithm against delayed ACKs);
-    # a one-row Spark-path batch took 12-16% less with it, the driver path the same.
-    "spark.python.unix.domain.socket.enabled": "true",
 }
 _JAR_KEYS = ("spark.jars", "spark.jars.packages")
 
