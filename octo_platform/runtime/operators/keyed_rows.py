@@ -11,9 +11,10 @@ first searched by a hash join, and sorted for the next search (in the background
 batch has written its files, when kept for later batches), so the batch that loads them
 never waits for their sort (the next may, if it starts before the sort ends). A lookup
 binary-searches both indexes for the hashes of the keys asked, then compares the key
-columns themselves (NULL equals NULL, NaN equals NaN, -0.0 equals 0.0, as Spark groups), so a hash collision costs a comparison, never a wrong row. When the
-recent run outgrows a quarter of the base, the two merge into a new base (two sorted
-indexes: a linear merge; the tables concatenate by chunks). Each version is immutable: a
+columns themselves (NULL equals NULL, NaN equals NaN, -0.0 equals 0.0, as Spark groups),
+so a hash collision costs a comparison, never a wrong row. When the recent run outgrows a
+quarter of the base, the two merge into a new base (two sorted indexes: a linear merge;
+the tables concatenate by chunks). Each version is immutable: a
 batch that fails leaves the cache's version of the rows before it intact.
 
 Keys of a type ``key_hash`` does not cover (decimals, nested types) fall back to a scan of
