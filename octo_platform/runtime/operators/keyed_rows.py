@@ -14,8 +14,8 @@ binary-searches both indexes for the hashes of the keys asked, then compares the
 columns themselves (NULL equals NULL, NaN equals NaN, -0.0 equals 0.0, as Spark groups),
 so a hash collision costs a comparison, never a wrong row. When the recent run outgrows a
 quarter of the base, the two merge into a new base (two sorted indexes: a linear merge;
-the tables concatenate by chunks). Each version is immutable: a
-batch that fails leaves the cache's version of the rows before it intact.
+the tables concatenate by chunks). Each version is immutable: a batch that fails leaves
+the cache's version of the rows before it intact.
 
 Keys of a type ``key_hash`` does not cover (decimals, nested types) fall back to a scan of
 all rows per lookup: still correct, O(state).
