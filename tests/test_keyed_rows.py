@@ -47,8 +47,7 @@ def _sorted(rows: list[dict]) -> list[tuple]:
     (4, True, True, True), (5, False, True, True)])
 def test_find_and_replace_equal_a_model(kinds, seed, collide, lazy, kept, monkeypatch):
     """``lazy``: the rows first loaded are searched by a hash join, then sorted (as from
-    ``_LAZY_ROWS`` rows); ``kept``: sorted in the background once the first search's batch
-    is written (``index_later``, which does nothing to rows not kept)."""
+    ``_LAZY_ROWS`` rows); ``kept``: sorted in the background after the first search."""
     monkeypatch.setattr(keyed_rows, "_LAZY_ROWS", 0 if lazy else 10**9)
     if collide:  # four hashes in all: nearly every lookup meets other keys' rows
         real = keyed_rows.key_hash
@@ -75,7 +74,6 @@ def test_find_and_replace_equal_a_model(kinds, seed, collide, lazy, kept, monkey
             [dict(r, v=r["v"] + 100) for r in probe[:1]]
         before = cache
         cache = cache.replace(found, pa.Table.from_pylist(new, schema))
-        cache.index_later()
         old_model = model
         model = [r for r in model if _key(r, keys) not in asked] + new
         table = cache.table()

@@ -224,9 +224,6 @@ def run_in_driver(pipe: TableRun, ctx: BatchContext, inputs: dict[str, Any], row
     lc.settle(versions)
     if kept is not None:
         ctx.memo[_CURRENT] = (versions.get("current"), kept)
-        for rows in kept.values():
-            if isinstance(rows, KeyedRows):
-                rows.index_later()
     else:  # appended to: buckets an earlier batch rewrote and kept are out of date
         ctx.memo.pop(_CURRENT, None)
     stats.events = {c["values"]: c["counts"]

@@ -142,7 +142,6 @@ class LocalContext:
         """After the commits: the cache holds each state table's rows at its new version."""
         for table, rows in self.fresh.items():
             self.ctx.memo[f"{HELD}{table}"] = (versions.get(f"state/{table}"), rows)
-            rows.index_later()
 
     def stage(self, table: str, changes: pa.Table, before: Callable[[], pa.Table],
               base: Callable[[pa.Table], pa.Table],

@@ -7,15 +7,14 @@ Rows live in two runs, each an Arrow table in any order with an index: a 64-bit 
 key columns per row (``key_hash``), sorted, with each hash's row. The ``base`` run has a
 mask of the rows since replaced; a small ``recent`` run holds the rows written since the
 base was built. Rows loaded in hash order need no sort; many rows loaded out of it are
-first searched by a hash join, and sorted for the next search (in the background once the
-batch has written its files, when kept for later batches), so the batch that loads them
-never waits for their sort (the next may, if it starts before the sort ends). A lookup
-binary-searches both indexes for the hashes of the keys asked, then compares the key
-columns themselves (NULL equals NULL, NaN equals NaN, -0.0 equals 0.0, as Spark groups),
-so a hash collision costs a comparison, never a wrong row. When the recent run outgrows a
-quarter of the base, the two merge into a new base (two sorted indexes: a linear merge;
-the tables concatenate by chunks). Each version is immutable: a batch that fails leaves
-the cache's version of the rows before it intact.
+first searched by a hash join, and sorted for the next search (in the background when kept
+for later batches), so a run of one batch never waits for a sort of its state. A lookup
+binary-searches both indexes for the hashes of the keys asked,
+then compares the key columns themselves (NULL equals NULL, NaN equals NaN, -0.0 equals
+0.0, as Spark groups), so a hash collision costs a comparison, never a wrong row. When the
+recent run outgrows a quarter of the base, the two merge into a new base (two sorted
+indexes: a linear merge; the tables concatenate by chunks). Each version is immutable: a
+batch that fails leaves the cache's version of the rows before it intact.
 
 Keys of a type ``key_hash`` does not cover (decimals, nested types) fall back to a scan of
 all rows per lookup: still correct, O(state).
@@ -236,8 +235,7 @@ class KeyedRows:
     values). ``find`` gives the rows of some keys; ``replace`` gives a new version where
     the rows of some keys are replaced. ``kept``: the rows are kept for later batches (a
     run's state cache), so many rows out of hash order, first searched by a hash join, are
-    sorted in the background after the batch that searched them (``index_later``), not at
-    the next search."""
+    sorted in the background after that search, not at the next one."""
 
     def __init__(self, rows: pa.Table, keys: list[str], kept: bool = False) -> None:
         self.keys, self.schema, self._kept = keys, rows.schema, kept
@@ -264,13 +262,6 @@ class KeyedRows:
             base.take(base.at[~self._dead[base.at]])
         return concat([live, recent.take(recent.at)], self.schema)
 
-    def index_later(self) -> None:
-        """Kept rows a search found out of hash order: start sorting them in the background
-        for the next batch's search. Called once the batch has written its files, so that
-        the sort does not take a core from the batch itself."""
-        if self._scan is None and self._kept and self._base.searched:
-            self._base.index_later()
-
     def find(self, probe: pa.Table) -> Found:
         """The rows whose key equals (``<=>``) some row of ``probe[keys]``."""
         asked = self._distinct(probe)
@@ -278,6 +269,8 @@ class KeyedRows:
             return Found(self._scan_matches(asked, "left semi"), asked)
         if self._base.searched:
             self._base = self._base.indexed()  # the same rows, found faster from now on
+        elif self._kept:
+            self._base.index_later()
         self._base.searched = True
         hashes = key_hash(asked, self.keys)
         base = self._matches(self._base, asked, hashes)
