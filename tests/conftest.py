@@ -16,7 +16,7 @@ os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
 # Code generation off: the oracles force batches of a dozen rows onto the Spark path,
 # and each new plan's Java code (Janino) and its JIT cost more than it saves on a dozen
 # rows (`test_oracle_joins`' Spark-path project: 158.9 s with, 129.7 s without). Runs
-# in their own process (`octo run`, the cluster test, the benchmarks) keep Spark's
+# in their own process (`octo run`, the cluster test, the other benchmarks) keep Spark's
 # default, as a production run's Spark path, which takes the large batches, does.
 # The JIT compiles a method after 10x Java's default number of calls: on the suite's
 # small Spark-path batches its compiler threads took 63.7 of the JVM's 110 CPU-s (one
