@@ -105,17 +105,19 @@ def test_a_scan_keeps_the_values_it_does_not_compare():
     assert math.copysign(1.0, kept["x"][0].as_py()) == -1.0
 
 
-@pytest.mark.parametrize("bits", [1, 2, 4])
-def test_a_large_index_sorted_in_parts_is_sorted(monkeypatch, bits):
-    """Above ``_PARALLEL_SORT`` hashes the index is sorted in parts by the top bits, in
-    threads: the same order as one sort (duplicates, and every part's edge values)."""
-    monkeypatch.setattr(keyed_rows, "_SORT_BITS", bits)
-    rng = np.random.default_rng(bits)
-    n = keyed_rows._PARALLEL_SORT + 1000
+@pytest.mark.parametrize("n", [0, 1, 2, 5000, 300_000])
+def test_an_index_sorts_hashes_by_their_top_bits_and_position_then_fixes_ties(n):
+    """``_sorted`` sorts the top bits of each hash packed with its position, then sorts
+    again hashes whose top bits tie: the same hashes as one sort, and an order that gives
+    them (duplicates, ties in the top bits with the low bits reversed, 0 and 2^64-1)."""
+    rng = np.random.default_rng(n)
     hashes = rng.integers(0, 2**64 - 1, n, dtype=np.uint64, endpoint=True)
-    hashes[:3000] = hashes[3000:6000]  # duplicates
-    edges = [np.uint64(p) << np.uint64(64 - bits) for p in range(1, 1 << bits)]
-    hashes[6000:6002 + 2 * len(edges)] = [0, 2**64 - 1, *edges, *(e - np.uint64(1) for e in edges)]
-    order = keyed_rows._argsort(hashes)
+    if n > 5000:
+        hashes[:1000] = hashes[1000:2000]  # duplicates
+        top = hashes[3000] & ~np.uint64(0xFFFFF)
+        hashes[3000:3010] = top | np.arange(10, 0, -1, dtype=np.uint64)  # top bits tie
+        hashes[4000:4002] = [0, 2**64 - 1]
+    ordered, order = keyed_rows._sorted(hashes)
     assert sorted(order.tolist()) == list(range(n))
-    assert (hashes[order] == np.sort(hashes)).all()
+    assert (ordered == np.sort(hashes)).all()
+    assert (hashes[order] == ordered).all()
