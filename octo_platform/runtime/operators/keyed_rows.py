@@ -173,9 +173,16 @@ class _Run:
             mine = pa.table({"h": self.hashes, "r": np.arange(len(self.hashes))})
             got = mine.join(asked, "h", join_type="inner", use_threads=False)
             return got["i"].to_numpy(), got["r"].to_numpy()
+        mine, n = self.hashes, len(self.hashes)
         ordered, order = _sorted(hashes)  # each search starts where the last one ended
-        lo = np.searchsorted(self.hashes, ordered, "left")
-        counts = np.searchsorted(self.hashes, ordered, "right") - lo
+        lo = np.searchsorted(mine, ordered, "left")
+        counts = (mine[np.minimum(lo, n - 1)] == ordered).astype(np.int64) if n else 0 * lo
+        # Where the next hash is the same (a multiset's values), a second search counts
+        # them: a search of every hash costs ~15 ms per 100K over 2M.
+        more = np.flatnonzero(counts)
+        more = more[lo[more] + 1 < n]
+        more = more[mine[lo[more] + 1] == ordered[more]]
+        counts[more] = np.searchsorted(mine, ordered[more], "right") - lo[more]
         asked = np.repeat(order, counts)
         first = np.repeat(lo - np.concatenate([[0], np.cumsum(counts)[:-1]]), counts)
         return asked, self.at[first + np.arange(len(asked))]
