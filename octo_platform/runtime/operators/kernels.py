@@ -36,6 +36,7 @@ from octo_platform.runtime.operators.keyed_rows import KeyedRows, same_values
 from octo_platform.runtime.operators.spark_hash import hashable, spark_hash, spark_pmod
 from octo_platform.runtime.state_log import BATCH, StateFile, compaction, latest, \
     read_log, with_batch
+from octo_platform.runtime.writes import threaded
 from octo_platform.sqltext import unquote
 
 if TYPE_CHECKING:
@@ -219,21 +220,16 @@ class AggregateKernel:
         if step is None or (node.ttl_us and shape.ms_schemas):
             raise Unsupported("SUM/AVG of decimals, nested types, or value multisets with "
                               "state_ttl")
-        alive = f"{COUNT} != 0" if keys else None
-        state = lc.cached(node.id, lambda: latest(
-            lc.spark, lc.ctx.state_log(node.id), shape.state_schema, keys, alive=alive,
-            keep_batch=True), lambda files: _latest(
-                files, arrow_schema(with_batch(shape.state_schema)), keys,
-                COUNT if keys else None), keys)
+        tables = [None, *shape.ms_schemas]
+        if not delta.num_rows:  # the multisets are loaded only when the state says so
+            tables = [None]
+        got = dict(threaded(lambda i: self.state(shape, i), tables))  # ~in parallel
+        state = got[None]
         marks = (lc.ctx.watermark_before, lc.ctx.watermark)
         closing = node.emit_on_close and lc.ctx.watermark_moved
         if not delta.num_rows and (keys or state.num_rows) and not closing:  # no change
             return self.out_schema(shape).empty_table()
-        ms_state = {i: lc.cached(node.multiset_table(i), lambda i=i: latest(
-            lc.spark, lc.ctx.state_log(node.multiset_table(i)), shape.ms_schemas[i],
-            [*keys, "v"], alive="cnt != 0", keep_batch=True), lambda files, i=i: _latest(
-                files, arrow_schema(with_batch(shape.ms_schemas[i])), [*keys, "v"], "cnt"),
-            keys) for i in shape.ms_schemas}
+        ms_state = {i: got[i] if i in got else self.state(shape, i) for i in shape.ms_schemas}
         # Every row is wanted where groups leave without being touched (a window closes)
         # or there is one group; else only the touched groups' rows, found by key.
         whole = not keys or node.emit_on_close or step.closes is not None
@@ -242,8 +238,7 @@ class AggregateKernel:
             before = lc.unexpired(state.table(), ttl)
             done = step.run(delta, before, {i: s.table() for i, s in ms_state.items()})
         else:
-            found = {i: s.find(delta) for i, s in ms_state.items()}
-            found[None] = state.find(delta)
+            found = dict(threaded(lambda i: got[i].find(delta), [None, *ms_state]))
             before = lc.unexpired(found[None].rows, ttl)  # a forgotten group starts afresh
             done = step.run(delta, before, {i: f.rows for i, f in found.items()
                                             if i is not None}, keep_after=False)
@@ -261,6 +256,18 @@ class AggregateKernel:
         if node.emit_on_close:  # the final rows of the groups whose window closes
             return self.output(step.closing(done.table, before, *marks), shape)
         return self.output(done.table, shape)
+
+    def state(self, shape: Any, i: int | None) -> KeyedRows:
+        """The rows of the aggregate's state (``i`` None), or of its ``i``-th value
+        multiset, found by the group key (``LocalContext.cached``)."""
+        node, lc, keys = self.node, self.lc, self.keys
+        table = node.id if i is None else node.multiset_table(i)
+        schema = shape.state_schema if i is None else shape.ms_schemas[i]
+        key, alive = (keys, COUNT if keys else None) if i is None else ([*keys, "v"], "cnt")
+        return lc.cached(table, lambda: latest(
+            lc.spark, lc.ctx.state_log(table), schema, key,
+            alive=None if alive is None else f"{alive} != 0", keep_batch=True),
+            lambda files: _latest(files, arrow_schema(with_batch(schema)), key, alive), keys)
 
     @staticmethod
     def out_schema(shape) -> pa.Schema:
