@@ -1,17 +1,20 @@
 """The driver path's change events (``driver.change_events``, Arrow) against the Spark path's
 (``connectors.debezium.encode``) over the same weighted rows: NULLs, -0.0 and 0.0, NaNs,
-rows of weight above one, keys with several retractions and insertions."""
+rows of weight above one, keys with several retractions and insertions; and keys with at most
+one of each (paired by their hash, ``driver._one_each``), with hashes that collide."""
 from __future__ import annotations
 
 import math
 import random
 from collections import Counter
 
+import numpy as np
 import pyarrow as pa
 import pytest
 
 from connectors.debezium import encode
 from octo_platform.columns import WEIGHT
+from octo_platform.runtime import driver
 from octo_platform.runtime.driver import change_events
 
 NAN = float("nan")
@@ -40,10 +43,53 @@ def plain(value):
     return value
 
 
+VALUES = ([None, 1, 2, 3, 4], [None, 0.0, -0.0, NAN, 1.5, -2.0], [None, "", "a", "b", "é"])
+
+
+def one_each(seed: int, pk: tuple[str, ...]) -> list[tuple]:
+    """Rows where each key of ``pk`` has at most one retraction and one insertion (an
+    update changes a column outside the key)."""
+    rng = random.Random(seed)
+    at = [SCHEMA.names.index(c) for c in pk]
+    free = [i for i in range(3) if i not in at][0]
+    rows, seen = [], set()
+    for _ in range(100):
+        row = tuple(rng.choice(values) for values in VALUES)
+        key = tuple(plain(row[i]) for i in at)  # -0.0 == 0.0: one key, as Spark groups
+        if key in seen:
+            continue
+        seen.add(key)
+        kind = rng.choice("cduu")
+        if kind in "du":
+            rows.append((*row, -1))
+        if kind in "cu":
+            rows.append((*row[:free], rng.choice(VALUES[free]), *row[free + 1:], 1))
+    return rows
+
+
 @pytest.mark.parametrize("pk", [None, ("k",), ("k", "s")])
 @pytest.mark.parametrize("seed", [0, 1])
 def test_driver_events_equal_the_spark_paths(spark, pk, seed):
-    rows = weighted_rows(seed)
+    assert_same_events(spark, weighted_rows(seed), pk)
+
+
+@pytest.mark.parametrize("pk", [("k",), ("k", "s"), ("x",)])
+@pytest.mark.parametrize("collide", [False, True])
+def test_keys_with_one_change_each_are_paired_by_hash(spark, monkeypatch, pk, collide):
+    """Each key at most one retraction and one insertion: paired by the key's hash, no
+    sort; where every hash collides, the keys are told apart (``_pairs`` ranks them)."""
+    paired = []
+    one_each_ = driver._one_each
+    monkeypatch.setattr(driver, "_one_each", lambda *a: paired.append(one_each_(*a)) or
+                        paired[-1])
+    if collide:
+        monkeypatch.setattr(driver, "key_hash", lambda rows, keys: np.zeros(
+            rows.num_rows, np.uint64))
+    assert_same_events(spark, one_each(len(pk), pk), pk)
+    assert len(paired) == 1 and (paired[0] is None) == collide
+
+
+def assert_same_events(spark, rows: list[tuple], pk: tuple[str, ...] | None) -> None:
     columns = ("k", "x", "s")
     df = spark.createDataFrame(rows, f"k BIGINT, x DOUBLE, s STRING, {WEIGHT} BIGINT")
     # The Spark path encodes a consolidated Δ (no zero weights).

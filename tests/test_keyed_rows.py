@@ -107,7 +107,7 @@ def test_a_scan_keeps_the_values_it_does_not_compare():
 
 @pytest.mark.parametrize("n", [0, 1, 2, 5000, 300_000])
 def test_an_index_sorts_hashes_by_their_top_bits_and_position_then_fixes_ties(n):
-    """``_sorted`` sorts the top bits of each hash packed with its position, then sorts
+    """``sorted_hashes`` sorts the top bits of each hash packed with its position, then sorts
     again hashes whose top bits tie: the same hashes as one sort, and an order that gives
     them (duplicates, ties in the top bits with the low bits reversed, 0 and 2^64-1)."""
     rng = np.random.default_rng(n)
@@ -117,7 +117,7 @@ def test_an_index_sorts_hashes_by_their_top_bits_and_position_then_fixes_ties(n)
         top = hashes[3000] & ~np.uint64(0xFFFFF)
         hashes[3000:3010] = top | np.arange(10, 0, -1, dtype=np.uint64)  # top bits tie
         hashes[4000:4002] = [0, 2**64 - 1]
-    ordered, order = keyed_rows._sorted(hashes)
+    ordered, order = keyed_rows.sorted_hashes(hashes)
     assert sorted(order.tolist()) == list(range(n))
     assert (ordered == np.sort(hashes)).all()
     assert (hashes[order] == ordered).all()

@@ -59,7 +59,8 @@ from octo_platform.runtime.inputs import read_inputs, set_watermarks, settle_inp
 from octo_platform.runtime.metrics import read_observed
 from octo_platform.runtime.current import current_key, files_by_bucket, kernel_covers, \
     merge_current, merge_keyed
-from octo_platform.runtime.operators.keyed_rows import KeyedRows
+from octo_platform.runtime.operators.keyed_rows import KeyedRows, key_hash, same_values, \
+    sorted_hashes
 from octo_platform.runtime.operators.tasks import read_bucket
 from octo_platform.runtime.sink import appends_current, event_bucket, write_dead_letters
 from octo_platform.runtime.writes import LocalOutput, by_bucket, threaded, write_local
@@ -382,6 +383,10 @@ def _pairs(delta: pa.Table, columns: list[str], pk: tuple[str, ...] | None,
     rows, sign = sums.select(columns).take(units), np.sign(w[units]).astype(np.int8)
     if pk is None:
         return _images(rows, image, sign > 0), _images(rows, image, sign < 0)
+    paired = _one_each(rows, sign, list(pk))
+    if paired is not None:
+        return tuple(_images(rows.take(pa.array(at, mask=at < 0)), image, at < 0)
+                     for at in paired)  # type: ignore[return-value]
     rows = rows.append_column(_SIGN, pa.array(sign))
     order = sort_indices(rows, [(c, False, True) for c in [*pk, _SIGN, *columns]])
     rows, sign = rows.take(order), sign[order.to_numpy()]
@@ -396,6 +401,31 @@ def _pairs(delta: pa.Table, columns: list[str], pk: tuple[str, ...] | None,
                                                                         ("r", "ascending")])
     return tuple(_images(rows.take(paired[f"i_{s}"]), image, pc.is_null(paired[f"i_{s}"]))
                  for s in "ba")  # type: ignore[return-value]
+
+
+def _one_each(rows: pa.Table, sign: np.ndarray, pk: list[str]
+              ) -> tuple[np.ndarray, np.ndarray] | None:
+    """When each key of ``pk`` has at most one retraction and one insertion among ``rows``
+    (a GROUP BY's or a keyed join's usual change), their pairs found by the key's hash, no
+    sort of the rows: per event the row of its before and of its after image (-1: none), in
+    the keys' hash order. None otherwise (``_pairs`` ranks each key's rows)."""
+    h = key_hash(rows, pk)
+    if h is None:
+        return None
+    ordered, order = sorted_hashes(h)
+    same = ordered[1:] == ordered[:-1]  # a key's two rows (or two keys' equal hashes)
+    first, second = order[:-1][same], order[1:][same]
+    if np.any(same[1:] & same[:-1]) or np.any(sign[first] == sign[second]) or not all(
+            pc.all(same_values(rows[k].take(first), rows[k].take(second))).as_py() is not False
+            for k in pk):
+        return None
+    starts = np.ones(len(order), bool)
+    starts[1:] = ~same
+    run = np.cumsum(starts) - 1  # the event of each sorted row
+    before, after = (np.full(int(starts.sum()), -1) for _ in "ba")
+    gone = sign[order] < 0
+    before[run[gone]], after[run[~gone]] = order[gone], order[~gone]
+    return before, after
 
 
 def _images(rows: pa.Table, image: pa.StructType, missing: Any) -> pa.Array:

@@ -31,13 +31,13 @@ import pyarrow.compute as pc
 from octo_platform.runtime.operators.arrow import concat, key_join, normal_floats, safe_keys, \
     value_bytes
 
-__all__ = ["KeyedRows", "Found", "key_hash", "same_values"]
+__all__ = ["KeyedRows", "Found", "key_hash", "same_values", "sorted_hashes"]
 
 _NULL = np.uint64(0x9E3779B97F4A7C15)  # a NULL key column's hash
 _PRIME = np.uint64(0x100000001B3)
 # From this many rows (out of hash order) a run is first searched by a hash join of the
-# hashes asked, and sorted for the next search: 2M hashes took ~0.1 s to sort (``_sorted``),
-# a join of 100K hashes against them 25-45 ms (``_Run``).
+# hashes asked, and sorted for the next search: 2M hashes took ~0.1 s to sort
+# (``sorted_hashes``), a join of 100K hashes against them 25-45 ms (``_Run``).
 _LAZY_ROWS = 200_000
 _INDEXER = ThreadPoolExecutor(1, thread_name_prefix="octo-index")  # sorts runs kept for later
 
@@ -152,7 +152,7 @@ class _Run:
     @staticmethod
     def sort(rows: pa.Table, hashes: np.ndarray) -> _Run:
         """The run of ``rows`` indexed by a sort of their ``hashes`` (not in hash order)."""
-        hashes, order = _sorted(hashes)
+        hashes, order = sorted_hashes(hashes)
         return _Run(rows, hashes, order)
 
     def index_later(self) -> None:
@@ -174,7 +174,7 @@ class _Run:
             got = mine.join(asked, "h", join_type="inner", use_threads=False)
             return got["i"].to_numpy(), got["r"].to_numpy()
         mine, n = self.hashes, len(self.hashes)
-        ordered, order = _sorted(hashes)  # each search starts where the last one ended
+        ordered, order = sorted_hashes(hashes)  # a search starts where the last ended
         lo = np.searchsorted(mine, ordered, "left")
         counts = (mine[np.minimum(lo, n - 1)] == ordered).astype(np.int64) if n else 0 * lo
         # Where the next hash is the same (a multiset's values), a second search counts
@@ -215,7 +215,7 @@ class _Run:
         return dead
 
 
-def _sorted(hashes: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+def sorted_hashes(hashes: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     """``hashes`` sorted, and the order that sorts them (an ``argsort``). numpy sorts
     values far faster than it argsorts them (2M hashes: 45 against 310 ms here), so it
     sorts each hash's top bits with its position in the low bits, then sorts again the
