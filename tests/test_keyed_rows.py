@@ -109,7 +109,8 @@ def test_a_scan_keeps_the_values_it_does_not_compare():
 def test_an_index_sorts_hashes_by_their_top_bits_and_position_then_fixes_ties(n):
     """``sorted_hashes`` sorts the top bits of each hash packed with its position, then sorts
     again hashes whose top bits tie: the same hashes as one sort, and an order that gives
-    them (duplicates, ties in the top bits with the low bits reversed, 0 and 2^64-1)."""
+    them (duplicates, ties in the top bits with the low bits reversed, 0 and 2^64-1);
+    ``_index`` sorts the top 32 bits the same way."""
     rng = np.random.default_rng(n)
     hashes = rng.integers(0, 2**64 - 1, n, dtype=np.uint64, endpoint=True)
     if n > 5000:
@@ -121,3 +122,7 @@ def test_an_index_sorts_hashes_by_their_top_bits_and_position_then_fixes_ties(n)
     assert sorted(order.tolist()) == list(range(n))
     assert (ordered == np.sort(hashes)).all()
     assert (hashes[order] == ordered).all()
+    tops, order = keyed_rows._index(hashes)  # an index: the top bits, ties in any order
+    assert sorted(order.tolist()) == list(range(n))
+    assert (tops == np.sort(hashes >> np.uint64(32))).all()
+    assert (hashes[order] >> np.uint64(32) == tops).all()

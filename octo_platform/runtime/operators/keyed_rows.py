@@ -36,9 +36,12 @@ __all__ = ["KeyedRows", "Found", "key_hash", "same_values", "sorted_hashes"]
 _NULL = np.uint64(0x9E3779B97F4A7C15)  # a NULL key column's hash
 _PRIME = np.uint64(0x100000001B3)
 # From this many rows (out of hash order) a run is first searched by a hash join of the
-# hashes asked, and sorted for the next search: 2M hashes took ~0.1 s to sort
-# (``sorted_hashes``), a join of 100K hashes against them 25-45 ms (``_Run``).
+# hashes asked, and sorted for the next search: 2M hashes took ~55 ms to sort (``_index``),
+# a join of 100K hashes against them 25-45 ms (``_Run``).
 _LAZY_ROWS = 200_000
+# An index keeps the top 32 bits of each row's hash: rows whose top bits tie are told
+# apart by their keys (``KeyedRows._matches``), and each row's position fits below them.
+_TOP = np.uint64(32)
 _INDEXER = ThreadPoolExecutor(1, thread_name_prefix="octo-index")  # sorts runs kept for later
 
 
@@ -130,8 +133,8 @@ def key_hash(table: pa.Table, keys: list[str]) -> np.ndarray | None:
 
 
 class _Run:
-    """Rows (in any order) and their keys' hashes. Indexed (``at`` set): ``hashes`` sorted,
-    row ``at[j]`` has hash ``hashes[j]``. Not yet (``at`` None): ``hashes[i]`` is row
+    """Rows (in any order) and their keys' hashes. Indexed (``at`` set): ``hashes`` the
+    sorted top bits of the rows' hashes (``_TOP``), row ``at[j]``'s are ``hashes[j]``. Not yet (``at`` None): ``hashes[i]`` is row
     ``i``'s, and a search is a hash join of the hashes asked; the next search uses the
     index (``indexed``), sorted meanwhile in the background (``index_later``) or then.
     Merging runs copies no rows: tables concatenate by chunks."""
@@ -146,14 +149,13 @@ class _Run:
         """A run of ``rows`` with their keys' ``hashes``: indexed now when they come in
         hash order (no sort) or unless ``lazy``."""
         if not np.any(hashes[1:] < hashes[:-1]):
-            return _Run(rows, hashes, np.arange(len(hashes)))
+            return _Run(rows, hashes >> _TOP, np.arange(len(hashes)))
         return _Run(rows, hashes, None) if lazy else _Run.sort(rows, hashes)
 
     @staticmethod
     def sort(rows: pa.Table, hashes: np.ndarray) -> _Run:
         """The run of ``rows`` indexed by a sort of their ``hashes`` (not in hash order)."""
-        hashes, order = sorted_hashes(hashes)
-        return _Run(rows, hashes, order)
+        return _Run(rows, *_index(hashes))
 
     def index_later(self) -> None:
         """Start sorting the run in the background (for ``indexed``)."""
@@ -174,11 +176,11 @@ class _Run:
             got = mine.join(asked, "h", join_type="inner", use_threads=False)
             return got["i"].to_numpy(), got["r"].to_numpy()
         mine, n = self.hashes, len(self.hashes)
-        ordered, order = sorted_hashes(hashes)  # a search starts where the last ended
+        ordered, order = _index(hashes)  # a search starts where the last one ended
         lo = np.searchsorted(mine, ordered, "left")
         counts = (mine[np.minimum(lo, n - 1)] == ordered).astype(np.int64) if n else 0 * lo
-        # Where the next hash is the same (a multiset's values), a second search counts
-        # them: a search of every hash costs ~15 ms per 100K over 2M.
+        # Where the next row's top bits are the same (a multiset's values, or a tie), a
+        # second search counts them: a search of every hash costs ~15 ms per 100K over 2M.
         more = np.flatnonzero(counts)
         more = more[lo[more] + 1 < n]
         more = more[mine[lo[more] + 1] == ordered[more]]
@@ -213,6 +215,21 @@ class _Run:
         dead = np.ones(self.rows.num_rows, bool)
         dead[self.at] = False
         return dead
+
+
+def _index(hashes: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """The top bits (``_TOP``) of ``hashes``, sorted, and the order that sorts them: each
+    hash's top bits packed with its position, sorted as values (``sorted_hashes``); 2M
+    hashes in ~55 ms here."""
+    if len(hashes) >= 1 << 32:  # positions do not fit below the top bits
+        order = np.argsort(hashes >> _TOP, kind="stable")
+        return hashes[order] >> _TOP, order
+    packed = hashes >> _TOP << _TOP
+    packed |= np.arange(len(hashes), dtype=np.uint64)
+    packed.sort()
+    order = (packed & np.uint64(0xFFFFFFFF)).view(np.int64)
+    packed >>= _TOP
+    return packed, order
 
 
 def sorted_hashes(hashes: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
