@@ -220,10 +220,10 @@ class AggregateKernel:
         if step is None or (node.ttl_us and shape.ms_schemas):
             raise Unsupported("SUM/AVG of decimals, nested types, or value multisets with "
                               "state_ttl")
-        tables = [None, *shape.ms_schemas]
-        if not delta.num_rows:  # the multisets are loaded only when the state says so
-            tables = [None]
-        got = dict(threaded(lambda i: self.state(shape, i), tables))  # ~in parallel
+        # the state and its multisets loaded side by side (without a change, the multisets
+        # only if the batch goes on: a window closes)
+        got = dict(threaded(lambda i: self.state(shape, i),
+                            [None, *shape.ms_schemas] if delta.num_rows else [None]))
         state = got[None]
         marks = (lc.ctx.watermark_before, lc.ctx.watermark)
         closing = node.emit_on_close and lc.ctx.watermark_moved
@@ -238,7 +238,8 @@ class AggregateKernel:
             before = lc.unexpired(state.table(), ttl)
             done = step.run(delta, before, {i: s.table() for i, s in ms_state.items()})
         else:
-            found = dict(threaded(lambda i: got[i].find(delta), [None, *ms_state]))
+            found = dict(threaded(lambda i: ms_state[i].find(delta) if i is not None
+                                  else state.find(delta), [None, *ms_state]))
             before = lc.unexpired(found[None].rows, ttl)  # a forgotten group starts afresh
             done = step.run(delta, before, {i: f.rows for i, f in found.items()
                                             if i is not None}, keep_after=False)

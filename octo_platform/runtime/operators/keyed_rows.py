@@ -3,15 +3,15 @@
 touches in O(its keys x log(state)), never scanning the rest, and replaces them in O(its
 keys) plus an amortized share of a merge.
 
-Rows live in two runs, each an Arrow table in any order with an index: a 64-bit hash of the
-key columns per row (``key_hash``), sorted, with each hash's row. The ``base`` run has a
-mask of the rows since replaced; a small ``recent`` run holds the rows written since the
-base was built. Rows loaded in hash order need no sort; many rows loaded out of it are
-first searched by a hash join, and sorted for the next search (in the background when kept
-for later batches), so a run of one batch never waits for a sort of its state. A lookup
-binary-searches both indexes for the hashes of the keys asked,
-then compares the key columns themselves (NULL equals NULL, NaN equals NaN, -0.0 equals
-0.0, as Spark groups), so a hash collision costs a comparison, never a wrong row. When the
+Rows live in two runs, each an Arrow table in any order with an index: the top 32 bits of
+a 64-bit hash of the key columns per row (``key_hash``), sorted, with each one's row. The
+``base`` run has a mask of the rows since replaced; a small ``recent`` run holds the rows
+written since the base was built. Rows loaded in hash order need no sort; many rows loaded
+out of it are first searched by a hash join, and sorted for the next search (in the
+background when kept for later batches), so a run of one batch never waits for a sort of
+its state. A lookup binary-searches both indexes for the hashes of the keys asked, then
+compares the key columns themselves (NULL equals NULL, NaN equals NaN, -0.0 equals 0.0, as
+Spark groups), so a tie of hashes costs a comparison, never a wrong row. When the
 recent run outgrows a quarter of the base, the two merge into a new base (two sorted
 indexes: a linear merge; the tables concatenate by chunks). Each version is immutable: a
 batch that fails leaves the cache's version of the rows before it intact.
@@ -134,10 +134,11 @@ def key_hash(table: pa.Table, keys: list[str]) -> np.ndarray | None:
 
 class _Run:
     """Rows (in any order) and their keys' hashes. Indexed (``at`` set): ``hashes`` the
-    sorted top bits of the rows' hashes (``_TOP``), row ``at[j]``'s are ``hashes[j]``. Not yet (``at`` None): ``hashes[i]`` is row
-    ``i``'s, and a search is a hash join of the hashes asked; the next search uses the
-    index (``indexed``), sorted meanwhile in the background (``index_later``) or then.
-    Merging runs copies no rows: tables concatenate by chunks."""
+    sorted top bits of the rows' hashes (``_TOP``), row ``at[j]``'s are ``hashes[j]``. Not
+    yet (``at`` None): ``hashes[i]`` is row ``i``'s, and a search is a hash join of the
+    hashes asked; the next search uses the index (``indexed``), sorted meanwhile in the
+    background (``index_later``) or then. Merging runs copies no rows: tables concatenate
+    by chunks."""
 
     def __init__(self, rows: pa.Table, hashes: np.ndarray, at: np.ndarray | None) -> None:
         self.rows, self.hashes, self.at = rows, hashes, at
