@@ -150,7 +150,7 @@ class _Run:
         """A run of ``rows`` with their keys' ``hashes``: indexed now when they come in
         hash order (no sort) or unless ``lazy``."""
         if not np.any(hashes[1:] < hashes[:-1]):
-            return _Run(rows, hashes >> _TOP, np.arange(len(hashes)))
+            return _Run(rows, _top(hashes), np.arange(len(hashes)))
         return _Run(rows, hashes, None) if lazy else _Run.sort(rows, hashes)
 
     @staticmethod
@@ -235,8 +235,15 @@ def _index(hashes: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     in any order); 2M hashes in ~55 ms here."""
     if len(hashes) >= 1 << 32:  # positions do not fit below the top bits
         order = np.argsort(hashes >> _TOP, kind="stable")
-        return hashes[order] >> _TOP, order
-    return _packed_sort(hashes, _TOP)
+        return _top(hashes[order]), order
+    top, order = _packed_sort(hashes, _TOP)
+    return top.astype(np.uint32), order
+
+
+def _top(hashes: np.ndarray) -> np.ndarray:
+    """The top bits (``_TOP``) of ``hashes``, as 32-bit values: an index half the size is
+    searched faster (100K sorted hashes in 2M: 10.5 against 24.9 ms here)."""
+    return (hashes >> _TOP).astype(np.uint32)
 
 
 def sorted_hashes(hashes: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
@@ -277,8 +284,8 @@ class KeyedRows:
         if hashes is not None:
             self._base = _Run.of(rows, hashes, lazy=rows.num_rows >= _LAZY_ROWS)
             self._dead = np.zeros(rows.num_rows, bool)  # the base's rows since replaced
-            self._recent = _Run(rows.schema.empty_table(), hashes[:0], hashes[:0].view(
-                np.int64))
+            self._recent = _Run(rows.schema.empty_table(), _top(hashes[:0]),
+                                np.empty(0, np.int64))
 
     @property
     def num_rows(self) -> int:
