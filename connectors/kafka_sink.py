@@ -25,6 +25,8 @@ sink's ``broker_timeout`` when it has one) or its tail read (``broker_timeout``)
 """
 from __future__ import annotations
 
+import threading
+import time
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, ClassVar, Iterator
 
@@ -131,7 +133,6 @@ def _publisher(sink: KafkaSink, starts: dict[int, int], resume: bool):
     flush_s = int(config["message.timeout.ms"]) / 1000 + 30
 
     def run(batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
-        import pyarrow as pa
         from confluent_kafka import KafkaException
         from pyspark import TaskContext
 
@@ -149,6 +150,16 @@ def _publisher(sink: KafkaSink, starts: dict[int, int], resume: bool):
             producer = _producer(config)
         except KafkaException as e:
             raise failure(where, "client configuration", e) from None
+        try:
+            yield from publish(producer, batches, again, failures, delivered)
+        finally:
+            _release(config)
+
+    def publish(producer: Any, batches: Iterator[pa.RecordBatch], again: bool,
+                failures: list[Any], delivered: Any) -> Iterator[pa.RecordBatch]:
+        import pyarrow as pa
+        from confluent_kafka import KafkaException
+
         present: dict[int, set[tuple[int, int, bool]]] = {}
         counts: dict[str, list[int]] = {}
         try:
@@ -196,25 +207,63 @@ def _publisher(sink: KafkaSink, starts: dict[int, int], resume: bool):
     return run
 
 
-# Per process (a Python worker, which Spark reuses, or the driver): config -> producer. Only
-# module-level functions touch it: Spark pickles the publishing function by value, with the
-# globals it names, and a producer cannot be pickled.
-_PRODUCERS: dict[str, Any] = {}
+# Per process (a Python worker, which Spark reuses, or the driver): config -> [producer,
+# tasks using it, when last released]. Only module-level functions touch it: Spark pickles
+# the publishing function by value, with the globals it names, and a producer cannot be
+# pickled. A producer no task used for ``_IDLE_S`` is closed (``_close_idle``): it holds
+# connections to the brokers, and retries them, logging each refusal, once they go away.
+_PRODUCERS: dict[str, list[Any]] = {}
+_LOCK = threading.Lock()
+_IDLE_S = 120.0
+_closer: threading.Thread | None = None
 
 
 def _drop_producers() -> None:
-    _PRODUCERS.clear()
+    with _LOCK:
+        _PRODUCERS.clear()
 
 
 def _producer(config: dict[str, Any]) -> Any:
-    """A producer for ``config``, kept for the worker's next tasks: an idempotent producer
-    spends ~0.5 s getting its producer id, which a small batch should not pay each time."""
+    """A producer for ``config``, kept for the worker's next tasks (an idempotent producer
+    spends ~0.5 s getting its producer id, which a small batch should not pay each time)
+    until it has been idle for ``_IDLE_S``; ``_release`` it once done."""
     from confluent_kafka import Producer
 
+    global _closer
     key = repr(sorted(config.items()))
-    if key not in _PRODUCERS:
-        _PRODUCERS[key] = Producer(config)
-    return _PRODUCERS[key]
+    with _LOCK:
+        if key not in _PRODUCERS:
+            _PRODUCERS[key] = [Producer(config), 0, 0.0]
+        kept = _PRODUCERS[key]
+        kept[1] += 1
+        if _closer is None or not _closer.is_alive():
+            _closer = threading.Thread(target=_close_idle, name="octo-kafka-idle",
+                                       daemon=True)
+            _closer.start()
+        return kept[0]
+
+
+def _release(config: dict[str, Any]) -> None:
+    with _LOCK:
+        kept = _PRODUCERS.get(repr(sorted(config.items())))
+        if kept is not None:
+            kept[1], kept[2] = kept[1] - 1, time.monotonic()
+
+
+def _close_idle() -> None:
+    """Close the producers no task has used for ``_IDLE_S``; end once none is kept."""
+    while True:
+        time.sleep(min(_IDLE_S / 4, 1.0))
+        with _LOCK:
+            now = time.monotonic()
+            idle = [k for k, (_, users, last) in _PRODUCERS.items()
+                    if not users and now - last >= _IDLE_S]
+            closing = [_PRODUCERS.pop(k)[0] for k in idle]
+            left = bool(_PRODUCERS)
+        for producer in closing:
+            producer.close()  # nothing is waiting: each task flushed what it sent
+        if not left:
+            return
 
 
 def _produce(producer: Any, topic: str, key: str | None, value: str | None, partition: int,

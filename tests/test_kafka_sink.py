@@ -5,6 +5,8 @@ from __future__ import annotations
 
 import json
 import random
+import socket
+import time
 from pathlib import Path
 
 import pytest
@@ -287,3 +289,29 @@ def test_kafka_demo_publishes_the_table_to_its_sink_topic(spark, tmp_path, capsy
     assert "[accounts_by_region] batch 1:" in out
     assert "[accounts_by_region_out] sink batch 1:" in out
     assert '"op":"u"' in out and '"batch_id":1' in out  # a message of the second round
+
+
+def test_a_producer_is_closed_once_idle_not_while_a_task_uses_it(monkeypatch):
+    """A sink's producer is kept for the process's next tasks, one per configuration, and
+    closed once no task has used it for ``_IDLE_S`` (here its broker is gone: it would
+    retry and log each refusal for as long as the process lives)."""
+    from connectors import kafka_sink
+
+    monkeypatch.setattr(kafka_sink, "_IDLE_S", 0.3)
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    config = {"bootstrap.servers": f"127.0.0.1:{port}", "enable.idempotence": True,
+              "log_level": 0}  # its refusals are expected here
+    producer = kafka_sink._producer(config)
+    assert kafka_sink._producer(config) is producer  # a second task shares it
+    kafka_sink._release(config)
+    time.sleep(1.0)
+    producer.flush(0)  # still open: one task uses it
+    kafka_sink._release(config)
+    deadline = time.monotonic() + 10
+    while any(kept[0] is producer for kept in kafka_sink._PRODUCERS.values()):
+        assert time.monotonic() < deadline, "an idle producer was not closed"
+        time.sleep(0.05)
+    with pytest.raises(RuntimeError, match="closed"):
+        producer.flush(0)
