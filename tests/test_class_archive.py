@@ -64,7 +64,7 @@ def test_short_runs_start_with_the_archive(tmp_path):
 
 def test_driver_defaults_yield_to_the_options_a_user_sets(tmp_path, monkeypatch):
     """The driver's JVM options octo adds (the archive; with ``quick``, the first JIT tier
-    and serial collector) are its defaults: options from ``conf`` or ``spark-defaults.conf``
+    and serial collector, else a JIT that compiles later) are its defaults: options from ``conf`` or ``spark-defaults.conf``
     replace them, no archive is made for nothing, and a session already running keeps its
     JVM's. (The archive itself: the tests above.)"""
     from pyspark import SparkContext
@@ -76,7 +76,8 @@ def test_driver_defaults_yield_to_the_options_a_user_sets(tmp_path, monkeypatch)
     monkeypatch.setenv("SPARK_CONF_DIR", str(tmp_path))
     monkeypatch.setattr(SparkContext, "_active_spark_context", None)
     assert driver_defaults({}, quick=True) == {key: f"{BASE} -XX:SharedArchiveFile=a.jsa"}
-    assert driver_defaults({"spark.driver.memory": "1g"}) == {key: "-XX:SharedArchiveFile=a.jsa"}
+    assert driver_defaults({"spark.driver.memory": "1g"}) == {
+        key: "-XX:CompileThresholdScaling=10 -XX:SharedArchiveFile=a.jsa"}
     assert len(made) == 2
     assert driver_defaults({key: "-Da=1"}, quick=True) == {}
     (tmp_path / "spark-defaults.conf").write_text(f"{key} -Db=2\n")

@@ -26,6 +26,12 @@ __all__ = ["quick_start_conf", "driver_defaults", "java_options", "archive_path"
 
 _QUIET = "-Xlog:cds=off -Xlog:cds+dynamic=off"
 _OPTIONS = "spark.driver.extraJavaOptions"
+# The JIT compiles a method after 10x Java's default number of calls: a short run's driver
+# spent most of its CPU compiling Spark's start-up and planning code, which runs a few
+# times. A fresh `octo run` of a 4,010-row batch: 60-61 CPU-s against 70-71; a 1M-row
+# batch 103 against 110-120; the `octo run`s of test_cli.py and test_crash.py 432-446
+# against 470-483; the same wall times (benchmarks/README.md).
+_JIT_LATER = "-XX:CompileThresholdScaling=10"
 _STALE_LOCK_S = 600.0  # a lock older than this was left by a killed trainer
 _TRAIN_TIMEOUT_S = 300.0
 
@@ -59,7 +65,8 @@ def quick_start_conf(environ: Mapping[str, str] | None = None) -> dict[str, str]
 
 def driver_defaults(conf: Mapping[str, str], *, quick: bool = False) -> dict[str, str]:
     """octo's default options for the driver's JVM, as ``spark_session``'s ``defaults``: the
-    class archive, and with ``quick`` the JIT and collector of ``QUICK_START_CONF``. Nothing
+    class archive, and the JIT and collector of ``QUICK_START_CONF`` with ``quick``, else a
+    JIT that compiles later (``_JIT_LATER``). Nothing
     (and no archive made for nothing) when ``conf`` or ``spark-defaults.conf`` set the
     driver's options, which beat octo's defaults, or when this process already runs a
     session (its JVM has started)."""
@@ -74,7 +81,7 @@ def driver_defaults(conf: Mapping[str, str], *, quick: bool = False) -> dict[str
     if _OPTIONS in conf or _OPTIONS in spark_defaults_keys(spark_defaults_file()) \
             or SparkContext._active_spark_context is not None:
         return {}
-    options = java_options(QUICK_START_CONF[_OPTIONS] if quick else "").strip()
+    options = java_options(QUICK_START_CONF[_OPTIONS] if quick else _JIT_LATER).strip()
     return {_OPTIONS: options} if options else {}
 
 
