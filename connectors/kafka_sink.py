@@ -153,7 +153,7 @@ def _publisher(sink: KafkaSink, starts: dict[int, int], resume: bool):
         try:
             yield from publish(producer, batches, again, failures, delivered)
         finally:
-            _release(config)
+            _release(config, producer)
 
     def publish(producer: Any, batches: Iterator[pa.RecordBatch], again: bool,
                 failures: list[Any], delivered: Any) -> Iterator[pa.RecordBatch]:
@@ -243,10 +243,12 @@ def _producer(config: dict[str, Any]) -> Any:
         return kept[0]
 
 
-def _release(config: dict[str, Any]) -> None:
+def _release(config: dict[str, Any], producer: Any) -> None:
+    """A task is done with ``producer`` (from ``_producer``; dropped since, it is not
+    kept)."""
     with _LOCK:
         kept = _PRODUCERS.get(repr(sorted(config.items())))
-        if kept is not None:
+        if kept is not None and kept[0] is producer:
             kept[1], kept[2] = kept[1] - 1, time.monotonic()
 
 

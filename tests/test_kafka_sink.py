@@ -305,13 +305,22 @@ def test_a_producer_is_closed_once_idle_not_while_a_task_uses_it(monkeypatch):
               "log_level": 0}  # its refusals are expected here
     producer = kafka_sink._producer(config)
     assert kafka_sink._producer(config) is producer  # a second task shares it
-    kafka_sink._release(config)
+    kafka_sink._release(config, producer)
     time.sleep(1.0)
     producer.flush(0)  # still open: one task uses it
-    kafka_sink._release(config)
+    kafka_sink._release(config, producer)
     deadline = time.monotonic() + 10
     while any(kept[0] is producer for kept in kafka_sink._PRODUCERS.values()):
         assert time.monotonic() < deadline, "an idle producer was not closed"
         time.sleep(0.05)
     with pytest.raises(RuntimeError, match="closed"):
         producer.flush(0)
+    # A task whose producer was dropped (a failed publish) while it still used it does not
+    # count as a user of the one made after it.
+    first = kafka_sink._producer(config)
+    kafka_sink._drop_producers()
+    second = kafka_sink._producer(config)
+    kafka_sink._release(config, first)
+    time.sleep(1.0)
+    second.flush(0)  # still open: its task has not released it
+    kafka_sink._release(config, second)
