@@ -230,7 +230,7 @@ def _producer(config: dict[str, Any]) -> Any:
     from confluent_kafka import Producer
 
     global _closer
-    key = repr(sorted(config.items()))
+    key = _key(config)
     with _LOCK:
         if key not in _PRODUCERS:
             _PRODUCERS[key] = [Producer(config), 0, 0.0]
@@ -243,11 +243,15 @@ def _producer(config: dict[str, Any]) -> Any:
         return kept[0]
 
 
+def _key(config: dict[str, Any]) -> str:
+    return repr(sorted(config.items()))
+
+
 def _release(config: dict[str, Any], producer: Any) -> None:
     """A task is done with ``producer`` (from ``_producer``; dropped since, it is not
     kept)."""
     with _LOCK:
-        kept = _PRODUCERS.get(repr(sorted(config.items())))
+        kept = _PRODUCERS.get(_key(config))
         if kept is not None and kept[0] is producer:
             kept[1], kept[2] = kept[1] - 1, time.monotonic()
 

@@ -64,9 +64,9 @@ def test_short_runs_start_with_the_archive(tmp_path):
 
 def test_driver_defaults_yield_to_the_options_a_user_sets(tmp_path, monkeypatch):
     """The driver's JVM options octo adds (the archive; with ``quick``, the first JIT tier
-    and serial collector, else a JIT that compiles later) are its defaults: options from ``conf`` or ``spark-defaults.conf``
-    replace them, no archive is made for nothing, and a session already running keeps its
-    JVM's. (The archive itself: the tests above.)"""
+    and serial collector, else a JIT that compiles later) are its defaults: options from
+    ``conf`` or ``spark-defaults.conf`` replace them, no archive is made for nothing, and a
+    session already running keeps its JVM's. (The archive itself: the tests above.)"""
     from pyspark import SparkContext
 
     key = "spark.driver.extraJavaOptions"

@@ -234,8 +234,9 @@ def _index(hashes: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     """The top bits (``_TOP``) of ``hashes``, sorted, and the order that sorts them (ties
     in any order); 2M hashes in ~55 ms here."""
     if len(hashes) >= 1 << 32:  # positions do not fit below the top bits
-        order = np.argsort(hashes >> _TOP, kind="stable")
-        return _top(hashes[order]), order
+        top = _top(hashes)
+        order = np.argsort(top, kind="stable")
+        return top[order], order
     top, order = _packed_sort(hashes, _TOP)
     return top.astype(np.uint32), order
 
