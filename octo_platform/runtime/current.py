@@ -29,7 +29,7 @@ from octo_platform.local_frames import arrow_schema
 from octo_platform.runtime.operators.arrow import normal_floats, primitive
 from octo_platform.runtime.operators.keyed_rows import KeyedRows
 from octo_platform.runtime.operators.tasks import read_bucket, run_group
-from octo_platform.runtime.writes import WRITTEN_SCHEMA, Output, file_token, parquet_options, \
+from octo_platform.runtime.writes import WRITTEN_SCHEMA, Output, file_token, write_file, \
     written_schema
 
 if TYPE_CHECKING:
@@ -131,18 +131,9 @@ class _BucketTask:
     token: str  # the start of the files' names (``writes.file_token``)
 
     def run(self, key: tuple, events: pa.Table) -> pa.Table:
-        import pyarrow.parquet as pq
-
         bucket = key[0].as_py()
         old = read_bucket(self.reader, self.path, self.files.get(bucket, []), self.image)
         rows = merge_current(old, events, self.keys, self.keyed)
-        written: dict[str, list] = {"path": [], "size": [], "rows": [], "bucket": [],
-                                    "tags": []}
-        if rows.num_rows:
-            rel = f"{BUCKET}={bucket}/{self.token}-{uuid.uuid4().hex[:8]}.parquet"
-            stream = self.opener(self.path, rel)
-            pq.write_table(rows, stream, **parquet_options(rows.schema))
-            for k, v in zip(written, (rel, stream.tell(), rows.num_rows, bucket, [])):
-                written[k].append(v)
-            stream.close()
-        return pa.table(written, schema=written_schema())
+        files = [write_file(self.opener, self.path, f"{self.token}-{uuid.uuid4().hex[:8]}",
+                            bucket, rows)] if rows.num_rows else []
+        return pa.Table.from_pylist(files, schema=written_schema())

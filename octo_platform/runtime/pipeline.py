@@ -189,7 +189,8 @@ class Pipeline:
             self.spark, batch, self.buckets, {},
             lambda t, b: store.files(self.layout.state(self.name, t), pinned.get(f"state/{t}"), b),
             state_log=state_log, memo=self.memo,
-            state_path=lambda t: self.layout.state(self.name, t), reader=store.reader())
+            state_path=lambda t: self.layout.state(self.name, t), reader=store.reader(),
+            opener=store.opener())
         if self.table.physical.state_ttl:
             ctx.expired_through = self.expired_through(stats.watermark,
                                                        self.table.physical.state_ttl)

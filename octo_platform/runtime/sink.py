@@ -98,11 +98,8 @@ def write_batch(pipe: TableRun, ctx: BatchContext, events: Events,
         outputs.append(Output(key, path, w.data, bucketed=w.buckets is not None or w.bucketed,
                               replace=set(w.replace) if w.replace else
                               None if w.buckets is None else set(w.buckets),
-                              remove=w.remove, prefix=w.prefix,
-                              replace_reported=None if w.reported is None else key))
-        if w.reported is not None:  # the buckets it replaces, in the same commit
-            outputs.append(Output(key, path, w.reported, bucketed=True,
-                                  written=arrow_schema(w.data.schema)))
+                              remove=w.remove, prefix=w.prefix, written=w.written,
+                              replace_reported=key if w.replace_reported else None))
     outputs.append(Output("changelog", lay.changelog(pipe.name), events.rows, report=_CB))
     if events.current is not None and not resumed:  # else ``update_current`` finds them
         outputs.append(events.current)

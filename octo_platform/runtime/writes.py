@@ -31,7 +31,8 @@ if TYPE_CHECKING:
     from pyspark.sql import DataFrame
 
 __all__ = ["Output", "write_outputs", "file_batch", "file_token", "LocalOutput", "write_local",
-           "WRITTEN_SCHEMA", "written_schema", "parquet_options", "threaded", "by_bucket"]
+           "WRITTEN_SCHEMA", "written_schema", "written_struct", "write_file", "parquet_options",
+           "threaded", "by_bucket"]
 
 APP_ID = "octo"
 _FILE_BATCH = re.compile(r"-b(\d{8,})-")  # a written file's name: <prefix>-b<batch>-<ids>
@@ -162,6 +163,30 @@ def written_schema() -> pa.Schema:
 
     return pa.schema([("path", pa.string()), ("size", pa.int64()), ("rows", pa.int64()),
                       ("bucket", pa.int32()), ("tags", pa.list_(pa.int32()))])
+
+
+def written_struct() -> Any:
+    """``WRITTEN_SCHEMA`` as a Spark ``StructType``."""
+    from pyspark.sql.pandas.types import from_arrow_schema
+
+    return from_arrow_schema(written_schema())
+
+
+def write_file(open_output: Callable[[str, str], Any], path: str, name: str,
+               bucket: int | None, rows: pa.Table, tags: list[int] | tuple = ()
+               ) -> dict[str, Any]:
+    """Write ``rows`` as the Parquet file ``name`` of the table at ``path`` (in ``bucket``'s
+    partition, if any), opened by ``open_output`` (``Store.opener()``); what a task reports
+    of it (``WRITTEN_SCHEMA``), ``tags`` as its tags."""
+    import pyarrow.parquet as pq
+
+    rel = f"{name}.parquet" if bucket is None else f"{BUCKET}={bucket}/{name}.parquet"
+    stream = open_output(path, rel)
+    pq.write_table(rows, stream, **parquet_options(rows.schema))
+    size = stream.tell()
+    stream.close()
+    return {"path": rel, "size": size, "rows": rows.num_rows, "bucket": bucket,
+            "tags": list(tags)}
 
 
 def parquet_options(schema: pa.Schema) -> dict[str, Any]:
@@ -319,21 +344,13 @@ def write_local(outputs: list[LocalOutput], *, batch: int, store: Store,
     """Write ``outputs`` from the driver as batch ``batch`` and commit each table once, as
     ``write_outputs`` does for a Spark job's files (``resumed`` as there); each table's
     version afterwards."""
-    import pyarrow.parquet as pq
-
     open_output = store.opener()
     tokens = {id(o): f"{file_token(o.prefix, batch)}-d" for o in outputs}  # one per write
 
     def write(part: tuple[LocalOutput, int | None, pa.Table]) -> dict[str, Any]:
         o, bucket, rows = part
-        token = tokens[id(o)]
-        rel = f"{token}.parquet" if bucket is None else f"{BUCKET}={bucket}/{token}.parquet"
-        stream = open_output(o.path, rel)
-        pq.write_table(rows, stream, **parquet_options(rows.schema))
-        size = stream.tell()
-        stream.close()
-        return {"path": rel, "size": size, "rows": rows.num_rows,
-                "partition": {BUCKET: bucket} if o.bucketed else {}}
+        done = write_file(open_output, o.path, tokens[id(o)], bucket, rows)
+        return {**done, "partition": {BUCKET: bucket} if o.bucketed else {}}
 
     versions = finished(outputs, batch=batch, store=store, resumed=resumed)
     outputs = [o for o in outputs if o.key not in versions]

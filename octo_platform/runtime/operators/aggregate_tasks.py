@@ -1,13 +1,13 @@
 """GROUP BY on the Spark path: the kernel (``aggregate_kernel.AggregateStep``) in Spark tasks.
 
 The batch's rows are shuffled once, by the bucket of their group key, and each bucket's
-task reads that bucket's state log files (and nothing else), runs the step and returns, as
-one tagged frame: the old and new accumulators of the groups it touched, and per state table
-the log's new rows (``tasks``). Spark SQL then turns the accumulators into output rows (the
-operator's own expressions, as on the driver path) and the batch's write job writes the
-state rows. A bucket whose log is due for compaction (``state_log.compaction`` of its files)
-is rewritten by its own task: its live rows before the batch become ``base`` files, and the
-commit removes the bucket's older files. The cost of a batch follows the buckets it touches,
+task reads that bucket's state log files (and nothing else), runs the step, writes each
+state table's new rows of the bucket as a file, and returns, as one tagged frame: the old and
+new accumulators of the groups it touched, and the files it wrote (``tasks``). Spark SQL then
+turns the accumulators into output rows (the operator's own expressions, as on the driver
+path), and the batch's write job commits the files. A bucket whose log is due for compaction
+(``state_log.compaction`` of its files) is rewritten by its own task: its live rows before
+the batch become ``base`` files, and the commit removes the bucket's older files. The cost of a batch follows the buckets it touches,
 not the state's size.
 
 Windows that close: a compaction keeps only the groups of open windows; with EMIT ON
@@ -42,7 +42,9 @@ from octo_platform.local_frames import arrow_schema
 from octo_platform.runtime.operators.context import BatchContext, bucket_sql
 from octo_platform.runtime.operators.tasks import (
     Log,
+    LogFiles,
     bucket_logs,
+    log_files,
     log_parts,
     read_bucket,
     run_group,
@@ -69,11 +71,12 @@ def run_aggregate(node: PAggregate, ctx: BatchContext, delta: DataFrame) -> Data
     if step is None or (node.ttl_us and shape.ms_schemas):
         return op.run(delta)
     tables = [node.id, *[node.multiset_table(i) for i in step.ms]]
-    schema = tagged_schema(_accumulators(shape, len(node.keys)), [
-        with_batch(s) for s in [shape.state_schema, *shape.ms_schemas.values()]])
+    schema = tagged_schema(_accumulators(shape, len(node.keys)))
     args = list(dict.fromkeys([*node.keys, *[a.arg for a in node.aggs if a.arg]]))
     logs, due = bucket_logs(ctx, tables)
-    task = _BucketTask(step, tables=logs, due=due, out=arrow_schema(schema),
+    files = log_files(ctx, tables, [with_batch(s) for s in [shape.state_schema,
+                                                           *shape.ms_schemas.values()]])
+    task = _BucketTask(step, tables=logs, files=files, due=due, out=arrow_schema(schema),
                        reader=ctx.reader, marks=(ctx.watermark_before, ctx.watermark),
                        emit=node.emit_on_close, cut=op.expired())
     rows = delta.selectExpr(*[quote(c) for c in args], quote(WEIGHT),
@@ -88,7 +91,7 @@ def run_aggregate(node: PAggregate, ctx: BatchContext, delta: DataFrame) -> Data
                                                            schema))
     # Checkpointed as plain columns: the output's SQL over struct fields made Spark's optimizer
     # inline them into every expression (planning ran out of memory for ten aggregates).
-    accs = ctx.checkpoint(stage_logs(ctx, out, tables, due))
+    accs = ctx.checkpoint(stage_logs(ctx, out, tables, due, files))
     return op.rows(accs, shape, "n") if node.emit_on_close else op.output(accs, shape)
 
 
@@ -111,6 +114,7 @@ class _BucketTask:
 
     step: AggregateStep
     tables: list[Log]  # per state table
+    files: list[LogFiles]  # per state table, where the task writes its new files
     due: list[set[int]]  # per table, the buckets whose log is due for compaction
     out: pa.Schema
     reader: Callable[[str, str], Any]
@@ -140,6 +144,6 @@ class _BucketTask:
         parts = [(0, "o", accs)]
         changed = [done.changes, *[c for c, _ in done.ms.values()]]
         for j, (changes, before, mine) in enumerate(zip(changed, befores, files)):
-            parts += log_parts(j, changes, mine, bucket in self.due[j],
+            parts += log_parts(j, self.files[j], bucket, changes, mine, bucket in self.due[j],
                                lambda b=before: step.open_rows(b, self.marks[1]))
         return tagged(self.out, parts, bucket)

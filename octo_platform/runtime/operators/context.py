@@ -14,6 +14,7 @@ from octo_platform.runtime.state_log import StateFile, compaction
 from octo_platform.sqltext import quote, sql_expr
 
 if TYPE_CHECKING:
+    import pyarrow as pa
     from pyspark.sql import DataFrame, SparkSession
     from pyspark.sql.types import StructType
 
@@ -33,9 +34,10 @@ class StagedWrite:
     """Rows for a state table: with ``buckets``, the new contents of those ``_bucket``
     partitions; without, rows appended to a state log (``prefix`` ``delta``, or ``base``
     for a full compaction), with ``remove`` naming the files a compaction replaces
-    (``bucketed``: a log partitioned by ``_bucket``, a column of ``data``); with
-    ``reported``, the new contents of the buckets its rows name (``writes.WRITTEN_SCHEMA``
-    rows without a path: tasks that found the buckets say which)."""
+    (``bucketed``: a log partitioned by ``_bucket``, a column of ``data``). With
+    ``written`` (the table's schema), ``data`` is files that tasks wrote into the table
+    (``writes.WRITTEN_SCHEMA`` rows; one without a path names a bucket only); with
+    ``replace_reported`` too, they are the new contents of the buckets their rows name."""
 
     table: str
     data: DataFrame
@@ -44,7 +46,8 @@ class StagedWrite:
     prefix: str = "delta"
     bucketed: bool = False
     replace: tuple[int, ...] | None = None  # buckets whose files the commit removes
-    reported: DataFrame | None = None
+    written: pa.Schema | None = None
+    replace_reported: bool = False
 
 
 @dataclass
@@ -57,6 +60,7 @@ class BatchContext:
     state_log: Callable[[str], list[StateFile]] = lambda table: []  # a log's pinned files
     state_path: Callable[[str], str] = lambda table: ""  # a state table's location
     reader: Callable[[str, str], Any] | None = None  # ``Store.reader()``: files in tasks
+    opener: Callable[[str, str], Any] | None = None  # ``Store.opener()``: writes in tasks
     memo: dict[str, Any] = field(default_factory=dict)  # per-pipeline, survives batches
     all_buckets: bool = False  # a large batch touches every bucket: skip finding which
     writes: list[StagedWrite] = field(default_factory=list)

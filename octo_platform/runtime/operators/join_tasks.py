@@ -2,11 +2,11 @@
 
 Each side's batch rows get their join key and its bucket in Spark SQL (``Join.with_keys``);
 the two sides are co-grouped by bucket (one exchange per side), and each bucket's task reads
-that bucket's files of both sides' logs (and nothing else), runs the step and returns, as
-one tagged frame (``tasks``): the output Δ and each side's new log rows. A bucket whose log is
-due for compaction is rewritten by its own task (its rows before the batch, multiplicities
-summed, become ``base`` files). The cost of a batch follows the keys it touches, not the
-size of either side.
+that bucket's files of both sides' logs (and nothing else), runs the step, writes each
+side's new log rows of the bucket as a file, and returns, as one tagged frame (``tasks``):
+the output Δ and the files it wrote. A bucket whose log is due for compaction is rewritten
+by its own task (its rows before the batch, multiplicities summed, become ``base`` files).
+The cost of a batch follows the keys it touches, not the size of either side.
 
 Covered: joins of every kind, over columns Arrow groups. A residual condition is Spark SQL,
 applied to the tasks' output: to the matched pairs, and, for an outer, semi or anti join, to
@@ -36,7 +36,9 @@ from octo_platform.runtime.state_log import BATCH, with_batch
 from octo_platform.runtime.operators.tasks import (
     PART,
     Log,
+    LogFiles,
     bucket_logs,
+    log_files,
     log_parts,
     read_bucket,
     run_cogroup,
@@ -71,10 +73,11 @@ def run_join(node: PJoin, ctx: BatchContext, ldelta: DataFrame, rdelta: DataFram
     step = op.step()
     deferred = step.unmatched_sides() if node.residual else ""
     more = {"c": _candidates(op, keyed)} if deferred else {}
-    schema = tagged_schema(_output(op, keyed), [stored["l"], stored["r"]], more)
+    schema = tagged_schema(_output(op, keyed), more)
     logs, due = bucket_logs(ctx, tables)
-    task = _JoinTask(step, tables=logs, stored=[arrow_schema(stored[s]) for s in "lr"],
-                     due=due, out=arrow_schema(schema), reader=ctx.reader,
+    files = log_files(ctx, tables, [stored[s] for s in "lr"])
+    task = _JoinTask(step, tables=logs, files=files, due=due, out=arrow_schema(schema),
+                     reader=ctx.reader,
                      ttl=(ctx.batch, ctx.expired_through) if node.ttl_us else None)
     # Stored names: PySpark resolves the co-grouped columns by name, and a user's may
     # hold a dot.
@@ -84,7 +87,7 @@ def run_join(node: PJoin, ctx: BatchContext, ldelta: DataFrame, rdelta: DataFram
     grouped = [side.groupBy(BUCKET) for side in sides]
     out = ctx.checkpoint(grouped[0].cogroup(grouped[1]).applyInArrow(
         functools.partial(run_cogroup, task), schema))
-    rows = stage_logs(ctx, out, tables, due)
+    rows = stage_logs(ctx, out, tables, due, files)
     if node.residual and node.kind not in ("semi", "anti"):
         rows = rows.filter(node.residual)
     schemas = {s: keyed[s].schema for s in "lr"}
@@ -118,7 +121,7 @@ class _JoinTask:
 
     step: JoinStep
     tables: list[Log]  # per side
-    stored: list[pa.Schema]  # per side, its log's schema
+    files: list[LogFiles]  # per side, its log's schema and where the task writes
     due: list[set[int]]  # per side, the buckets whose log is due for compaction
     out: pa.Schema
     reader: Callable[[str, str], Any]
@@ -131,22 +134,22 @@ class _JoinTask:
         step = self.step
         deltas = {s: t.drop_columns([BUCKET]).rename_columns(step.row(s))
                   for s, t in (("l", left), ("r", right))}
-        stored, old, files = {}, {}, {}
-        for s, (path, log), schema in zip("lr", self.tables, self.stored):
-            files[s] = log.get(bucket, [])
-            stored[s] = read_bucket(self.reader, path, files[s], schema)
+        stored, old, mine = {}, {}, {}
+        for s, (path, log), schema in zip("lr", self.tables, (f.schema for f in self.files)):
+            mine[s] = log.get(bucket, [])
+            stored[s] = read_bucket(self.reader, path, mine[s], schema)
             if self.ttl is not None and self.ttl[1] is not None:
                 stored[s] = stored[s].filter(pc.greater(stored[s][BATCH], self.ttl[1]))
             old[s] = stored[s].select(schema.names[:len(step.row(s))]).rename_columns(
                 step.row(s))
         out, delta, found = step.run(deltas, old, first_id=bucket << 32)
         parts = [(0, "o", out), *((_CANDIDATES[s], "c", t) for s, t in found.items())]
-        for j, (s, schema) in enumerate(zip("lr", self.stored)):
+        for j, (s, log) in enumerate(zip("lr", self.files)):
             changes = delta[s]
             if self.ttl is not None:
                 changes = changes.append_column(BATCH, pa.repeat(
                     pa.scalar(self.ttl[0], pa.int64()), changes.num_rows))
-            parts += log_parts(j, changes.rename_columns(schema.names).cast(schema), files[s],
-                               bucket in self.due[j],
-                               functools.partial(summed, stored[s], schema))
+            parts += log_parts(j, log, bucket, changes.rename_columns(log.schema.names),
+                               mine[s], bucket in self.due[j],
+                               functools.partial(summed, stored[s], log.schema))
         return tagged(self.out, parts, bucket)

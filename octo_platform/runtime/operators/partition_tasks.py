@@ -3,11 +3,11 @@ tasks, one per bucket of the state the batch touches.
 
 The batch's rows are shuffled once, by the bucket of their partition key; each bucket's task
 reads that bucket's state files (and nothing else), runs the step over the bucket's rows
-before and after the batch, and returns, as one tagged frame (``tasks``): the output Δ, the
-bucket's new rows, and a row that names the bucket. The batch's write job writes the new
-rows, and the commit replaces the files of the buckets the tasks named (``StagedWrite.
-reported``): a bucket whose partitions all left the state loses its files, and no job runs
-beforehand to find which buckets the batch touches.
+before and after the batch, writes the bucket's new rows, and returns, as one tagged frame
+(``tasks``): the output Δ and a row that names the bucket and its new file (none when the
+bucket is left empty). The commit replaces the files of the buckets the tasks named
+(``StagedWrite.replace_reported``): a bucket whose partitions all left the state loses its
+files, and no job runs beforehand to find which buckets the batch touches.
 
 Covered: inputs of types Arrow groups and sorts, SESSION over a TIMESTAMP; others run as
 ``top_n.TopN``'s and ``session.Sessions``' Spark operators.
@@ -31,8 +31,8 @@ from octo_platform.runtime.operators.context import BatchContext, StagedWrite, b
 from octo_platform.runtime.operators.partition_steps import SessionStep, TopNStep, \
     consolidated, is_micros
 from octo_platform.runtime.operators.session import Sessions
-from octo_platform.runtime.operators.tasks import PART, Log, bucket_logs, read_bucket, run_group, \
-    tagged, tagged_schema
+from octo_platform.runtime.operators.tasks import PART, Log, LogFiles, bucket_logs, log_files, \
+    read_bucket, run_group, tagged, tagged_schema
 from octo_platform.runtime.operators.top_n import TopN
 from octo_platform.sqltext import quote
 
@@ -40,9 +40,6 @@ if TYPE_CHECKING:
     from pyspark.sql import DataFrame
 
 __all__ = ["run_partitioned"]
-
-_NAMED = 3  # the ``_part`` of the row that names a task's bucket
-
 
 def run_partitioned(node: PTopN | PSession, ctx: BatchContext, delta: DataFrame
                     ) -> DataFrame:
@@ -59,18 +56,17 @@ def run_partitioned(node: PTopN | PSession, ctx: BatchContext, delta: DataFrame
         return (Sessions(node, ctx) if session else TopN(node, ctx)).run(delta)
     step = SessionStep.of(node) if session else TopNStep.of(node)
     stored = side_schema(rows.schema, names)
-    schema = tagged_schema(_output(node, rows.schema), [stored])
+    schema = tagged_schema(_output(node, rows.schema))
     (log,), _ = bucket_logs(ctx, [node.id])
-    task = _PartitionTask(step, log, arrow_schema(stored), weighted, arrow_schema(schema),
-                          ctx.reader, ctx.watermark)
+    (files,) = log_files(ctx, [node.id], [stored])
+    task = _PartitionTask(step, log, files, weighted, arrow_schema(schema), ctx.reader,
+                          ctx.watermark)
     rows = rows.selectExpr("*", f"{bucket_sql(node.partition, ctx.buckets)} AS {BUCKET}")
     out = ctx.checkpoint(rows.groupBy(BUCKET).applyInArrow(functools.partial(run_group, task),
                                                            schema))
-    ctx.writes.append(StagedWrite(
-        node.id, out.filter(f"{PART} = 2").selectExpr("s0.*", BUCKET), None, bucketed=True,
-        reported=out.filter(f"{PART} = {_NAMED}").selectExpr(
-            "CAST(NULL AS STRING) AS path", "CAST(0 AS BIGINT) AS size",
-            "CAST(0 AS BIGINT) AS rows", f"{BUCKET} AS bucket", f"array({BUCKET}) AS tags")))
+    ctx.writes.append(StagedWrite(node.id, out.filter(f"{PART} = 1").selectExpr("f.*"), None,
+                                  bucketed=True, written=files.committed(),
+                                  replace_reported=True))
     return out.filter(f"{PART} = 0").selectExpr("o.*")
 
 
@@ -96,7 +92,7 @@ class _PartitionTask:
 
     step: TopNStep | SessionStep
     table: Log
-    stored: pa.Schema  # the state's columns (``c0``, ..., ``_n``)
+    files: LogFiles  # the state's columns (``c0``, ..., ``_n``) and where the task writes
     rows: pa.Schema  # the input's columns, weighted
     out: pa.Schema
     reader: Callable[[str, str], Any]
@@ -108,14 +104,14 @@ class _PartitionTask:
         d = consolidated(rows.drop_columns([BUCKET]).cast(self.rows), names)
         if not d.num_rows:  # the batch's rows of the bucket cancel out
             return self.out.empty_table()
-        path, files = self.table
+        path, stored = self.table
         here = pa.array(np.full(d.num_rows, bucket, np.int32))
-        old = read_bucket(self.reader, path, files.get(bucket, []), self.stored)
+        old = read_bucket(self.reader, path, stored.get(bucket, []), self.files.schema)
         old = old.rename_columns([*names, WEIGHT]).cast(self.rows).append_column(
             BUCKET, pa.array(np.full(old.num_rows, bucket, np.int32)))
         new = consolidated(concat([old, d.append_column(BUCKET, here)], old.schema),
                            [*names, BUCKET])
         out, keep = self.step.run(d, old, new, self.watermark)
         keep = keep.select([*names, WEIGHT]).rename_columns([*positional(names), COUNT])
-        return tagged(self.out, [(0, "o", out), (2, "s0", keep),
-                                 (_NAMED, "", pa.table({"_": [bucket]}))], bucket)
+        return tagged(self.out, [(0, "o", out), *self.files.write(1, bucket, keep, named=True)],
+                      bucket)

@@ -3,14 +3,18 @@
 
 A task returns one frame for everything it made, tagged by ``_part``: 0 is the operator's
 own output (struct column ``o``), ``1 + 2j`` and ``2 + 2j`` are state table ``j``'s new
-``delta`` and ``base`` rows (struct column ``s<j>``): a bucket's first rows, or its
+``delta`` and ``base`` files, which the task wrote itself (struct column ``f``, a file's
+name, size and rows as ``writes.WRITTEN_SCHEMA``): a bucket's first rows, or its
 compaction, when due (``due_buckets``, decided in the driver); numbers above those are the
-operator's own (a join's candidate matches, a rewritten bucket's name). Each due bucket is
-visited by a task (``visits``: a row of weight 0), and the commit removes its older files,
-so a compaction that keeps nothing (a bucket of closed windows) empties the bucket.
+operator's own (a join's candidate matches). Each due bucket is visited by a task
+(``visits``: a row of weight 0), and the commit removes its older files, so a compaction
+that keeps nothing (a bucket of closed windows) empties the bucket. The state rows never
+pass through Spark's JVM, and the batch's write job only commits their files.
 """
 from __future__ import annotations
 
+import uuid
+from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Callable
 
 import pyarrow as pa
@@ -19,6 +23,7 @@ from octo_platform.columns import BUCKET
 from octo_platform.runtime.operators.arrow import concat, read_parquet
 from octo_platform.runtime.operators.context import BatchContext, StagedWrite
 from octo_platform.runtime.state_log import StateFile, compaction
+from octo_platform.runtime.writes import file_token, write_file, written_struct
 from octo_platform.sqltext import quote
 from octo_platform.workers import task_started
 
@@ -26,8 +31,8 @@ if TYPE_CHECKING:
     from pyspark.sql import DataFrame
     from pyspark.sql.types import StructType
 
-__all__ = ["PART", "Log", "bucket_logs", "visits", "read_bucket", "tagged_schema",
-           "tagged", "log_parts", "stage_logs", "run_group", "run_cogroup"]
+__all__ = ["PART", "Log", "LogFiles", "bucket_logs", "log_files", "visits", "read_bucket",
+           "tagged_schema", "tagged", "log_parts", "stage_logs", "run_group", "run_cogroup"]
 
 PART = "_part"
 Parts = list[tuple[int, str, pa.Table]]  # (part, struct column, rows)
@@ -47,6 +52,47 @@ def bucket_logs(ctx: BatchContext, tables: list[str]) -> tuple[list[Log], list[s
         logs.append((ctx.state_path(t), files))
     return logs, [{b for b, fs in files.items() if compaction(fs) is not None}
                   for _, files in logs]
+
+
+@dataclass(frozen=True)
+class LogFiles:
+    """Where the tasks write a state table's new files: the table's path, its columns, the
+    start of the names of this batch's ``delta`` and ``base`` files (``writes.file_token``)
+    and ``Store.opener()``."""
+
+    path: str
+    schema: pa.Schema
+    tokens: tuple[str, str]
+    opener: Callable[[str, str], Any]
+
+    def write(self, part: int, bucket: int, rows: pa.Table, *, named: bool = False) -> Parts:
+        """``rows`` (``part``: odd for ``delta``, even for ``base``) as a new file of the
+        bucket, written here; its part of the task's result: none for no rows, unless
+        ``named`` (then its row names the bucket, in its tags, with or without a file)."""
+        tags = [bucket] if named else []
+        if rows.num_rows:
+            name = f"{self.tokens[1 - part % 2]}-{uuid.uuid4().hex[:8]}"
+            done = write_file(self.opener, self.path, name, bucket, rows.cast(self.schema),
+                              tags)
+        elif named:
+            done = {"path": None, "size": 0, "rows": 0, "bucket": bucket, "tags": tags}
+        else:
+            return []
+        return [(part, "f", pa.Table.from_pylist([done]))]
+
+    def committed(self) -> pa.Schema:
+        """The table's schema as its commit gives it (with ``_bucket``)."""
+        return self.schema.append(pa.field(BUCKET, pa.int32()))
+
+
+def log_files(ctx: BatchContext, tables: list[str], schemas: list[StructType]
+              ) -> list[LogFiles]:
+    """Per state table (``schemas``: its columns, as Spark's), where the tasks write."""
+    from octo_platform.local_frames import arrow_schema
+
+    return [LogFiles(ctx.state_path(t), arrow_schema(_nullable(s)),
+                     (file_token("delta", ctx.batch), file_token("base", ctx.batch)),
+                     ctx.opener) for t, s in zip(tables, schemas)]
 
 
 def visits(rows: DataFrame, weight: str, buckets: set[int]) -> DataFrame:
@@ -81,30 +127,34 @@ def read_bucket(reader: Callable[[str, str], Any], path: str, files: list[StateF
     return concat([read_parquet(reader(path, f["path"]), schema) for f in files], schema)
 
 
-def tagged_schema(output: StructType, states: list[StructType],
-                  more: dict[str, StructType] | None = None) -> StructType:
-    """The tasks' Spark schema: ``_part``, ``_bucket``, the output, each state table and
-    the operator's ``more`` struct columns."""
+def tagged_schema(output: StructType, more: dict[str, StructType] | None = None
+                  ) -> StructType:
+    """The tasks' Spark schema: ``_part``, ``_bucket``, the output, the files written
+    (``f``) and the operator's ``more`` struct columns."""
     from pyspark.sql.types import IntegerType, StructField, StructType
 
-    def nullable(struct: StructType) -> StructType:  # e.g. an outer join's padding
-        return StructType([StructField(f.name, f.dataType) for f in struct.fields])
-
     fields = [StructField(PART, IntegerType()), StructField(BUCKET, IntegerType()),
-              StructField("o", nullable(output))]
-    fields += [StructField(f"s{j}", nullable(s)) for j, s in enumerate(states)]
-    fields += [StructField(c, nullable(s)) for c, s in (more or {}).items()]
+              StructField("o", _nullable(output)), StructField("f", written_struct())]
+    fields += [StructField(c, _nullable(s)) for c, s in (more or {}).items()]
     return StructType(fields)
 
 
-def log_parts(j: int, changes: pa.Table, files: list[StateFile], due: bool,
-              base: Callable[[], pa.Table]) -> Parts:
-    """State table ``j``'s parts from one bucket: the batch's ``changes``, as ``base`` when
-    the bucket has no ``files`` yet; with its compaction (``base()``: the bucket's live rows
-    before the batch) when ``due``."""
-    if not files:
-        return [(2 + 2 * j, f"s{j}", changes)]
-    return [*([(2 + 2 * j, f"s{j}", base())] if due else []), (1 + 2 * j, f"s{j}", changes)]
+def _nullable(struct: StructType) -> StructType:
+    """``struct`` with every field nullable (e.g. an outer join's padding)."""
+    from pyspark.sql.types import StructField, StructType
+
+    return StructType([StructField(f.name, f.dataType) for f in struct.fields])
+
+
+def log_parts(j: int, files: LogFiles, bucket: int, changes: pa.Table,
+              stored: list[StateFile], due: bool, base: Callable[[], pa.Table]) -> Parts:
+    """State table ``j``'s new files in one bucket, written (``files``): the batch's
+    ``changes``, as ``base`` when the bucket has no ``stored`` files yet; with its compaction
+    (``base()``: the bucket's live rows before the batch) when ``due``."""
+    if not stored:
+        return files.write(2 + 2 * j, bucket, changes)
+    return [*(files.write(2 + 2 * j, bucket, base()) if due else []),
+            *files.write(1 + 2 * j, bucket, changes)]
 
 
 def tagged(out: pa.Schema, parts: Parts, bucket: int) -> pa.Table:
@@ -129,15 +179,13 @@ def _tagged(out: pa.Schema, part: int, column: str, rows: pa.Table, bucket: int)
     return pa.table(cols, schema=out)
 
 
-def stage_logs(ctx: BatchContext, out: DataFrame, tables: list[str], due: list[set[int]]
-               ) -> DataFrame:
-    """Stage each state table's parts of the tasks' result ``out`` for the batch's write
-    job (``due``: per table, the buckets its base rows replace); the operator's output part
+def stage_logs(ctx: BatchContext, out: DataFrame, tables: list[str], due: list[set[int]],
+               files: list[LogFiles]) -> DataFrame:
+    """Stage the files the tasks wrote (their result ``out``) for each state table's commit
+    (``due``: per table, the buckets its base files replace); the operator's output part
     (``o``'s columns)."""
-    for j, t in enumerate(tables):
-        for part, prefix in ((1 + 2 * j, "delta"), (2 + 2 * j, "base")):
-            rows = out.filter(f"{PART} = {part}").selectExpr(f"s{j}.*", BUCKET)
-            ctx.writes.append(StagedWrite(t, rows, None, prefix=prefix, bucketed=True,
-                                          replace=tuple(sorted(due[j])) if prefix == "base"
-                                          else None))
+    for j, (t, f) in enumerate(zip(tables, files)):
+        ctx.writes.append(StagedWrite(
+            t, out.filter(f"{PART} IN ({1 + 2 * j}, {2 + 2 * j})").selectExpr("f.*"), None,
+            bucketed=True, replace=tuple(sorted(due[j])) or None, written=f.committed()))
     return out.filter(f"{PART} = 0").selectExpr("o.*")
