@@ -7,8 +7,8 @@ new accumulators of the groups it touched, and the files it wrote (``tasks``). S
 turns the accumulators into output rows (the operator's own expressions, as on the driver
 path), and the batch's write job commits the files. A bucket whose log is due for compaction
 (``state_log.compaction`` of its files) is rewritten by its own task: its live rows before
-the batch become ``base`` files, and the commit removes the bucket's older files. The cost of a batch follows the buckets it touches,
-not the state's size.
+the batch become ``base`` files, and the commit removes the bucket's older files. The cost
+of a batch follows the buckets it touches, not the state's size.
 
 Windows that close: a compaction keeps only the groups of open windows; with EMIT ON
 WINDOW CLOSE the output is the final rows of the groups whose window the batch's watermark
