@@ -13,6 +13,13 @@ against 899 s, 16.9 min in all).
 Delta's jars are fetched (Maven Central, then cached) by one session before the two start,
 so two JVMs never resolve them into the same Ivy cache at once.
 
+Unless ``JAVA_HOME`` is set, the tests run on the newest JDK Spark 4.2 supports (17, 21, 25)
+among those installed under ``/usr/lib/jvm`` (``newest_java``): this machine has Debian's
+17 and Temurin's 25. On 25 a fresh `octo run` of one 100K-row Spark-path batch
+(``benchmarks/big_batch.py --rows 100000`` under ``cpu_by_process.py``, in turn) took 30.1
+and 26.7 s (45.8 and 41.6 CPU-s) against 42.8 and 36.1 s (64.2 and 53.9 CPU-s) on 17, and
+``test_oracle_joins.py[spark]`` 334.8 and 304.9 CPU-s against 347.4 and 328.3.
+
 Arguments go to both pytest processes. The exit status is non-zero if either failed; the
 output of the ``processes`` part follows the other's. Measured in a clean clone (`time make
 test`, install included): 18.8 min as one process, 14.7-16.3 min as two (the rest's tests
@@ -25,6 +32,7 @@ checkpoints (benchmarks/README.md); 11.6-12.9 min on a slower day (632-707 s, 60
 from __future__ import annotations
 
 import os
+import re
 import shutil
 import subprocess
 import sys
@@ -33,6 +41,20 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 NONE_SELECTED = 5  # pytest's exit status when no test was selected
+SPARK_JAVA = (17, 21, 25)  # the Java releases Spark 4.2 runs on
+
+
+def newest_java(jvms: Path = Path("/usr/lib/jvm")) -> str | None:
+    """The home of the newest JDK under ``jvms`` that Spark runs on (None: none found)."""
+    homes: dict[int, str] = {}
+    for release in sorted(jvms.glob("*/release")):
+        try:
+            found = re.search(r'^JAVA_VERSION="(\d+)', release.read_text(), re.M)
+        except OSError:
+            continue
+        if found and int(found.group(1)) in SPARK_JAVA and (release.parent / "bin/java").exists():
+            homes.setdefault(int(found.group(1)), str(release.parent))
+    return homes[max(homes)] if homes else None
 
 
 def fetch_jars() -> None:
@@ -45,6 +67,9 @@ def fetch_jars() -> None:
 
 
 def main(args: list[str]) -> int:
+    if not os.environ.get("JAVA_HOME") and (home := newest_java()):
+        os.environ["JAVA_HOME"] = home
+        print(f"suite: Java from {home} (set JAVA_HOME to choose another)", flush=True)
     fetch_jars()
     base = Path(tempfile.mkdtemp(prefix="octo-tests-"))
     pytest = [sys.executable, "-m", "pytest", *args]
