@@ -63,7 +63,8 @@ def _parser() -> argparse.ArgumentParser:
                      metavar="N", help="a table's batches run in the driver (--driver-rows) "
                      "only while the state they would hold there (operator state and "
                      "current-state rows) is at most N rows; above, they run as Spark jobs "
-                     f"(default: {DEFAULT_DRIVER_STATE_ROWS})")
+                     "(default: an eighth of this machine's memory at 150 bytes a row, "
+                     f"here {DEFAULT_DRIVER_STATE_ROWS})")
     run.add_argument("--interval", default="1 second",
                      help="trigger interval of a continuous run (default: 1 second)")
     run.add_argument("--parallel", type=int, default=3,

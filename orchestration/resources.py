@@ -97,7 +97,8 @@ class WarehouseResource(dg.ConfigurableResource):
         default=None,
         description="a table's batches run in the driver (driver_rows) only while the state "
                     "they would hold there (operator state and current-state rows) is at most "
-                    "this many rows; default the runtime's (10,000,000), as "
+                    "this many rows; default the runtime's (an eighth of the machine's "
+                    "memory at 150 bytes a row), as "
                     "`octo run --driver-state-rows`")
 
     def location(self, project_root: str | Path) -> str:

@@ -45,6 +45,17 @@ def test_state_above_driver_state_rows_runs_on_the_spark_path(spark, tmp_path):
                      round_no)
 
 
+def test_the_default_bound_is_an_eighth_of_the_memory_at_150_bytes_a_row():
+    """``driver_state_rows``'s default follows the machine (or container) it runs on."""
+    from octo_platform.runtime.driver import DEFAULT_DRIVER_STATE_ROWS, \
+        default_driver_state_rows, memory_bytes
+
+    assert default_driver_state_rows(24 << 30) == (24 << 30) // 8 // 150  # 21,474,836
+    assert default_driver_state_rows(1 << 30) == 1_000_000  # at least 1M rows
+    assert default_driver_state_rows(0) == 10_000_000  # memory unknown
+    assert memory_bytes() and DEFAULT_DRIVER_STATE_ROWS == default_driver_state_rows()
+
+
 def test_held_rows_counts_state_and_current_rows_from_the_delta_logs(spark, tmp_path):
     """``held_rows`` of a GROUP BY table: its state log's rows (one per key written, before
     compaction) plus its current-state rows (one per live key), read from the Delta logs."""

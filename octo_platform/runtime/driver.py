@@ -76,10 +76,43 @@ __all__ = ["DEFAULT_DRIVER_ROWS", "DEFAULT_DRIVER_STATE_ROWS", "plan_runs_in_dri
 # Measured (benchmarks/README.md, "The driver path's bounds"): on 2 local cores the driver
 # path beat the Spark path at every batch size up to 1M rows, 2-9x.
 DEFAULT_DRIVER_ROWS = 1_000_000
-# The state the driver path holds in the driver's memory: a run of one 100K-event batch
-# over 2M keys of GROUP BY state (and 2M current rows) peaked ~290 MB above the same over
-# 100K keys, ~150 bytes a row (benchmarks/README.md); 10M rows is ~1.5 GB.
-DEFAULT_DRIVER_STATE_ROWS = 10_000_000
+# The state the driver path holds in the driver's memory, per row: a run of one 100K-event
+# batch over 2M keys of GROUP BY state (and 2M current rows) peaked ~290 MB above the same
+# over 100K keys, ~150 bytes a row; Nexmark q4's 10.7M rows of join and GROUP BY state
+# ~80 bytes a row (benchmarks/README.md).
+HELD_ROW_BYTES = 150
+DRIVER_STATE_SHARE = 8  # the driver may hold state up to 1/8 of its machine's memory
+
+
+def memory_bytes() -> int | None:
+    """The memory this process may use: the machine's, or its cgroup's limit when lower
+    (a container's); None when unknown."""
+    try:
+        found = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+    except (ValueError, OSError, AttributeError):
+        return None
+    for limit in ("/sys/fs/cgroup/memory.max", "/sys/fs/cgroup/memory/memory.limit_in_bytes"):
+        try:
+            with open(limit, encoding="ascii") as f:
+                value = f.read().strip()
+        except OSError:
+            continue
+        if value.isdigit():
+            found = min(found, int(value))
+    return found
+
+
+def default_driver_state_rows(memory: int | None = None) -> int:
+    """``driver_state_rows``'s default: an eighth of the memory (``memory_bytes``) at
+    ``HELD_ROW_BYTES`` a row (21M rows on a 24 GiB machine), at least 1M; 10M when the
+    memory is not known."""
+    memory = memory_bytes() if memory is None else memory
+    if not memory:
+        return 10_000_000
+    return max(1_000_000, memory // DRIVER_STATE_SHARE // HELD_ROW_BYTES)
+
+
+DEFAULT_DRIVER_STATE_ROWS = default_driver_state_rows()
 _KAFKA_RECORD_BYTES = 1024  # a Kafka record's bytes are not known before it is fetched
 _TEXT_BYTES_PER_ROW = 4096  # a text file bigger than this per allowed row is not counted
 _W = quote(WEIGHT)
