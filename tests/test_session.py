@@ -24,3 +24,34 @@ def test_the_jvm_view_asks_for_a_class_and_its_methods_once(spark, monkeypatch):
     calls(2)
     assert "r" not in asked, asked  # calls (and lists made), no look-up
     assert jvm.PythonUtils is jvm.PythonUtils
+
+
+def test_delta_jars_leave_out_the_libraries_spark_ships(spark, tmp_path):
+    """The jars noted from Delta's package, but those of artifacts in pyspark's own ``jars``
+    (older Hadoop, Parquet, Jackson: parent-first, they were never loaded); the session's
+    Delta reader works with what is left."""
+    from octo_platform.runtime.session import _jar_list, _spark_ships, delta_jars
+
+    env = {"XDG_CACHE_HOME": str(tmp_path)}
+    fetched = {name: tmp_path / name for name in (
+        "io.delta_delta-spark_4.2_2.13-4.4.0.jar", "commons-pool_commons-pool-1.6.jar",
+        "org.apache.hadoop_hadoop-client-runtime-3.4.2.jar",
+        "com.github.luben_zstd-jni-1.5.7-3.jar", "org.roaringbitmap_shims-0.9.25.jar")}
+    for jar in fetched.values():
+        jar.write_bytes(b"")
+    listed = _jar_list(env)
+    listed.parent.mkdir(parents=True)
+    listed.write_text(",".join(f"file://{p}" for p in fetched.values()))
+    assert {"commons-pool", "hadoop-client-runtime", "zstd-jni"} <= _spark_ships()
+    kept = delta_jars(env)["spark.jars"].split(",")
+    assert kept == [f"file://{fetched[n]}" for n in ("io.delta_delta-spark_4.2_2.13-4.4.0.jar",
+                                                      "org.roaringbitmap_shims-0.9.25.jar")]
+    fetched["org.roaringbitmap_shims-0.9.25.jar"].unlink()  # one is gone: fetched again
+    assert "spark.jars.packages" in delta_jars(env)
+
+    conf = spark.sparkContext.getConf()
+    if not conf.get("spark.jars.packages", ""):  # not the session that fetched the package
+        assert "delta-spark" in conf.get("spark.jars") \
+            and "hadoop-client" not in conf.get("spark.jars")
+    spark.range(3).write.format("delta").save(str(tmp_path / "t"))
+    assert spark.read.format("delta").load(str(tmp_path / "t")).count() == 3

@@ -13,6 +13,7 @@ builder beats the file; so an octo default is only passed when the file does not
 from __future__ import annotations
 
 import os
+import re
 import sys
 from pathlib import Path
 from typing import TYPE_CHECKING, Mapping
@@ -126,16 +127,42 @@ def _jar_list(environ: Mapping[str, str]) -> Path:
 
 def delta_jars(environ: Mapping[str, str] | None = None) -> dict[str, str]:
     """How the session gets Delta's jars: the files an earlier session fetched, when every
-    one is still on disk (no resolution, no Ivy report at start), else the package for
-    Spark to fetch from Maven Central and cache (``~/.ivy2.5.2``) at its start."""
+    one is still on disk (no resolution, no Ivy report at start), but those of libraries
+    Spark ships itself (``_spark_ships``), else the package for Spark to fetch from Maven
+    Central and cache (``~/.ivy2.5.2``) at its start."""
     listed = _jar_list(os.environ if environ is None else environ)
     try:
-        jars = listed.read_text(encoding="utf-8").strip()
+        jars = listed.read_text(encoding="utf-8").strip().split(",")
     except OSError:
-        jars = ""
-    if jars and all(os.path.exists(j.removeprefix("file://")) for j in jars.split(",")):
-        return {"spark.jars": jars}
+        jars = []
+    if jars and all(os.path.exists(j.removeprefix("file://")) for j in jars):
+        ships = _spark_ships()
+        return {"spark.jars": ",".join(j for j in jars
+                                       if _artifact(j, fetched=True) not in ships)}
     return {"spark.jars.packages": delta_package()}
+
+
+def _artifact(jar: str, fetched: bool = False) -> str:
+    """A jar file's artifact name: ``hadoop-client-api`` of Spark's
+    ``hadoop-client-api-3.5.0.jar``, and of ``org.apache.hadoop_hadoop-client-api-3.4.2.jar``
+    as Spark's Ivy names what it ``fetched`` (``<organisation>_<artifact>-<revision>``)."""
+    name = jar.rsplit("/", 1)[-1]
+    if fetched:
+        name = name.split("_", 1)[-1]
+    found = re.match(r"(.+?)-\d", name)
+    return found.group(1) if found else name
+
+
+def _spark_ships() -> set[str]:
+    """The artifacts whose jars pyspark ships (its ``jars`` directory). Delta's package also
+    pulls older versions of some (Hadoop's client, Parquet, Jackson, log4j: 73 of its 86 MB
+    of jars): the session's class loader looks in Spark's jars first, so they were never
+    used, only copied into every session's temporary directory (left behind by a killed
+    JVM) and opened at its start."""
+    import pyspark
+
+    jars = Path(pyspark.__file__).parent / "jars"
+    return {_artifact(j.name) for j in jars.glob("*.jar")} if jars.is_dir() else set()
 
 
 def _note_jars(spark: SparkSession, environ: Mapping[str, str]) -> None:
