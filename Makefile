@@ -8,11 +8,11 @@ STAMP  := $(VENV)/.installed
 
 # The packages come from PyPI through uv (itself from PyPI, pinned): from an empty cache it
 # installed them in 37 s here, pip in 93 s. Should uv fail, pip installs them.
-# Both compile every module to bytecode at install (uv only when asked), as do the last
-# lines for octo's own: a Python process that finds no .pyc compiles what it imports, and
-# under PYTHONDONTWRITEBYTECODE (set on these machines) it never keeps the result, so each
-# `octo run`, Dagster process and Spark Python worker compiled pyspark, pandas and dagster
-# again: importing octo's runtime took 3.7-3.9 s, 1.3-1.6 s from .pyc (benchmarks/README).
+# Both compile what they install to bytecode (uv only when asked), and compileall octo's
+# own sources: a Python process that finds no .pyc compiles what it imports, and under
+# PYTHONDONTWRITEBYTECODE (set on these machines) never keeps the result, so each `octo
+# run`, Dagster process and Spark Python worker compiled pyspark, pandas and dagster again:
+# importing octo's runtime took 3.7-3.9 s, 1.3-1.6 s from .pyc (benchmarks/README.md).
 UV_VERSION := 0.13.9
 SOURCES := octo_platform connectors state orchestration
 
