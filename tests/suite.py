@@ -21,13 +21,8 @@ and 26.7 s (45.8 and 41.6 CPU-s) against 42.8 and 36.1 s (64.2 and 53.9 CPU-s) o
 ``test_oracle_joins.py[spark]`` 334.8 and 304.9 CPU-s against 347.4 and 328.3.
 
 Arguments go to both pytest processes. The exit status is non-zero if either failed; the
-output of the ``processes`` part follows the other's. Measured in a clean clone (`time make
-test`, install included): 18.8 min as one process, 14.7-16.3 min as two (the rest's tests
-814-902 s, the ``processes`` part's 745-802 s, both slower than alone: 450 s for the
-``processes`` part, about 613 s for the rest; the CPU now busy); 11.8-12.5 min (the
-rest 643-685 s, ``processes`` 623-662 s) once the Spark path's reused frames became
-checkpoints (benchmarks/README.md); 11.6-12.9 min on a slower day (632-707 s, 608-694 s);
-18.7-19.6 min on a slower machine still (1015-1024 s, 907-970 s).
+output of the ``processes`` part follows the other's. Its clean-clone times, run by run:
+benchmarks/README.md ("`make test` in clean clones").
 """
 from __future__ import annotations
 
