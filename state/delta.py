@@ -159,7 +159,7 @@ class DeltaStore:
         if kept is None and (kept := _pooled(path)) is not None:
             handles[path] = kept
         if kept is not None and _commit_stamp(path, kept[0].version()) != kept[1]:
-            del handles[path]  # the table was made again since: open it afresh
+            del handles[path]  # made again since (or its commit cleaned up): open afresh
             kept = None
         if kept is not None:
             dt = kept[0]
@@ -168,19 +168,17 @@ class DeltaStore:
                 handles[path] = (dt, _commit_stamp(path, dt.version()))
             if version is None or dt.version() == version:
                 return dt
-        local = "://" not in path
         try:
-            # a local table is opened at its newest version and kept, which is the
-            # version asked for most of the time (a batch pins the versions it reads)
-            dt = DeltaTable(path, version=None if local and kept is None else version,
-                            storage_options=self.storage_options)
-        except TableNotFoundError:
+            if "://" not in path and kept is None:
+                # a local table is opened at its newest version and kept, which is the
+                # version asked for most of the time (a batch pins the versions it reads)
+                dt = DeltaTable(path, storage_options=self.storage_options)
+                handles[path] = (dt, _commit_stamp(path, dt.version()))
+                if version is None or version == dt.version():
+                    return dt
+            return DeltaTable(path, version=version, storage_options=self.storage_options)
+        except TableNotFoundError:  # no table, or (a version given) no log of that version
             return None
-        if local and kept is None:
-            handles[path] = (dt, _commit_stamp(path, dt.version()))
-            if version is not None and version != dt.version():
-                dt = DeltaTable(path, version=version, storage_options=self.storage_options)
-        return dt
 
     def _held(self) -> _Held:
         held = getattr(self._handles, "held", None)
