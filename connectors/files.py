@@ -13,6 +13,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Callable
 
 from connectors import debezium
+from connectors.json_lines import exact_json
 from octo_platform.columns import WEIGHT
 from octo_platform.local_frames import arrow_type, local_frame
 from octo_platform.sqltext import quote
@@ -144,6 +145,9 @@ def read_files_local(spark: SparkSession, source: FileSource, files: list[str]) 
             lines.pop()
         values += [line.removesuffix("\r") for line in lines]
         where += [n] * len(lines)
+    exact = exact_json(values, where, source.format, source.columns, source.types)
+    if exact is not None:
+        return Parsed(None, _rows(source), exact)
     lines = local_frame(spark, pa.table({"value": pa.array(values, pa.string()),
                                          "file": pa.array(where, pa.string())}))
     return parse_json(lines, source)
@@ -183,7 +187,7 @@ def parse_json(lines: DataFrame, source: FileSource) -> Parsed:
     if source.format != "debezium-json":
         records = parsed.selectExpr("j.*", "value AS _raw", "file AS _file",
                                     f"{bad_json} AS _reason").drop("_corrupt")
-        return Parsed(records, lambda df: _weighted(df, source))
+        return Parsed(records, _rows(source))
     events = parsed.selectExpr(
         "value AS _raw", "file AS _file", f"{bad_json} AS _json_reason",
         "coalesce(j.payload.op, j.op) AS op",
@@ -191,7 +195,14 @@ def parse_json(lines: DataFrame, source: FileSource) -> Parsed:
         "CASE WHEN j.payload IS NOT NULL THEN j.payload.after ELSE j.after END AS after")
     records = events.selectExpr("op", "before", "after", "_raw", "_file",
                                 f"coalesce(_json_reason, {debezium.validate()}) AS _reason")
-    return Parsed(records, lambda df: debezium.decode(df, source.columns))
+    return Parsed(records, _rows(source))
+
+
+def _rows(source: FileSource) -> Callable[[DataFrame], DataFrame]:
+    """A JSON source's weighted rows of its good records (``Parsed.rows``)."""
+    if source.format == "debezium-json":
+        return lambda df: debezium.decode(df, source.columns)
+    return lambda df: _weighted(df, source)
 
 
 def _csv(spark: SparkSession, source: FileSource, files: list[str]) -> Parsed:

@@ -1,0 +1,69 @@
+"""JSON lines read in Python (``connectors.json_lines``) only where Spark reads them alike:
+each batch below either gives exactly Spark's records (``files.parse_json`` over a local
+relation: same columns, types and values) or is left to Spark."""
+from __future__ import annotations
+
+import random
+
+import pyarrow as pa
+import pytest
+
+from connectors.files import FileSource, parse_json
+from connectors.json_lines import exact_json
+from octo_platform.local_frames import collect_arrow, local_frame
+from tests.oracle import RandomInput
+
+COLUMNS = ("id", "n", "g", "d", "b")
+TYPES = ("BIGINT", "INT", "STRING", "DOUBLE", "BOOLEAN")
+# Lines Python reads as Spark does, then lines Spark reads otherwise or not at all.
+SAME = ['{"id": 1}', '{"d": 1}', '{"d": 1e400}', '{"g": "a\\u00e9"}', '{"id": -0}',
+        '{"d": -0.0}', '{"x": [1, {"y": 2}], "id": 3}', '  {"id": 4}  ', '\t{"id": 4}\t',
+        '   ', '', '{}', '{"d": 12345678901234567890}',
+        '{"b": true, "g": "x", "n": -2147483648, "d": 0.1}']
+OTHER = ['{"id": 1.0}', '{"n": 3000000000}', '{"g": 12}', '{"d": "NaN"}', '{"d": NaN}',
+         '{"id": 1, "id": 2}', 'null', '[1]', '{"id": 1} x', '{"ID": 5}', '{"g": "\\ud800"}',
+         '\t', '{"_corrupt": "x"}', '{oops', '{"b": 1}']
+EVENTS = ['{"before": null, "after": {"id": 1, "g": "x"}, "op": "c"}',
+          '{"payload": {"before": {"id": 1}, "after": {"id": 1, "d": 2}, "op": "u"}}',
+          '{"payload": {"before": {"id": 1}, "after": null}, "op": "d"}',
+          '{"payload": null, "before": {"id": 1}, "after": null, "op": "d"}',
+          '{"after": {"id": 1}, "op": "r"}']
+BAD_EVENTS = ['{"before": null, "after": null, "op": "u"}', '{"op": "x", "after": {"id": 1}}',
+              '{"before": {"id": "1"}, "after": {"id": 1}, "op": "c"}',
+              '{"payload": "x", "op": "c"}', '{"after": {"ID": 1}, "op": "c"}',
+              '{"after": {"id": 1}}']
+
+
+def spark_records(spark, lines: list[str], fmt: str, columns=COLUMNS, types=TYPES) -> pa.Table:
+    source = FileSource("s", columns, types, "/x", fmt)
+    frame = local_frame(spark, pa.table({"value": pa.array(lines, pa.string()),
+                                         "file": pa.array(["f"] * len(lines), pa.string())}))
+    return collect_arrow(parse_json(frame, source).records, rows_in=len(lines))
+
+
+@pytest.mark.parametrize("fmt, same, other", [("json", SAME, OTHER),
+                                               ("debezium-json", EVENTS, BAD_EVENTS)])
+def test_lines_are_read_as_spark_reads_them_or_left_to_spark(spark, fmt, same, other):
+    got = exact_json(same, ["f"] * len(same), fmt, COLUMNS, TYPES)
+    assert got is not None and got.equals(spark_records(spark, same, fmt))
+    for line in other:  # one such line leaves the whole batch to Spark
+        assert exact_json([*same, line], ["f"] * (len(same) + 1), fmt, COLUMNS, TYPES) is None, \
+            line
+
+
+def test_random_batches_match_spark(spark):
+    """The oracle tests' random inputs (with bad records in some batches), both formats."""
+    rng = random.Random(7)
+    columns, types = zip(*RandomInput.DDL)
+    for debezium in (False, True):
+        feed, fmt = RandomInput(11, debezium), "debezium-json" if debezium else "json"
+        for _ in range(4):
+            lines = feed.lines(rng.randint(1, 30), bad=rng.choice([0, 0, 1]))
+            got = exact_json(lines, ["f"] * len(lines), fmt, columns, types)
+            want = spark_records(spark, lines, fmt, columns, types)
+            assert got is None if want["_reason"].null_count < want.num_rows else got.equals(want)
+
+
+def test_other_column_types_are_left_to_spark():
+    for spark_type in ("TIMESTAMP", "DATE", "DECIMAL(10,2)", "FLOAT", "ARRAY<INT>"):
+        assert exact_json(['{"x": 1}'], ["f"], "json", ("x",), (spark_type,)) is None
