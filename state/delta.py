@@ -31,7 +31,9 @@ DataFile = dict[str, Any]  # {"path": relative, "size": bytes, "rows": n, "parti
 _SNAPSHOTS = 256  # snapshots' add actions kept per thread (DeltaStore._actions)
 _POOLED = 256  # local tables' open handles kept for the process's next threads (_Held)
 _POOL: OrderedDict[str, tuple[DeltaTable, Any]] = OrderedDict()
-_POOL_LOCK = threading.Lock()
+# Re-entrant: a thread's handles may be given back (``_Held``'s finalizer) by a garbage
+# collection that starts while that same thread holds the lock.
+_POOL_LOCK = threading.RLock()
 
 
 def _check_sole_writer(path: str, dt: DeltaTable) -> None:
