@@ -111,7 +111,7 @@ def _row_checker(columns: tuple[str, ...], types: tuple[str, ...]
 
 
 def exact_json(values: list[str], files: list[str], fmt: str, columns: tuple[str, ...],
-                  types: tuple[str, ...]) -> pa.Table | None:
+               types: tuple[str, ...]) -> pa.Table | None:
     """``parse_json``'s records of ``values`` (lines of ``files``, one each) in ``fmt``,
     computed here when Spark's reading of every line is certain (module docstring); None
     otherwise, or above ``EXACT_LINES`` lines."""
