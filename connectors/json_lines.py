@@ -3,7 +3,7 @@ small batches of ``json`` and ``debezium-json`` files, without Spark's ``from_js
 
 ``files.parse_json`` is the definition: Spark's ``from_json`` (PERMISSIVE) over each line
 that is not blank. Through Spark a small batch's parse costs four DataFrame calls that Spark
-analyses in its JVM and one evaluation, ~80 ms on a quiet JVM here and ~0.3 s with three
+analyses in its JVM and one evaluation, ~80 ms on a quiet JVM here and ~0.2 s with three
 tables' batches side by side, for a dozen lines. ``exact_json`` gives the same records
 (the columns of ``parse_json``'s, as Spark's Arrow types them) only when every line is
 certain to be read alike: a JSON object (keys unique, none differing from a declared
