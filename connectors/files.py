@@ -145,12 +145,19 @@ def read_files_local(spark: SparkSession, source: FileSource, files: list[str]) 
             lines.pop()
         values += [line.removesuffix("\r") for line in lines]
         where += [n] * len(lines)
-    exact = exact_json(values, where, source.format, source.columns, source.types)
+    return parse_lines(spark, pa.table({"value": pa.array(values, pa.string()),
+                                        "file": pa.array(where, pa.string())}), source)
+
+
+def parse_lines(spark: SparkSession, lines: pa.Table, source: FileSource) -> Parsed:
+    """``parse_json`` of ``lines`` (Arrow: ``value``, ``file``) read in the driver: in
+    Python where Spark's reading of them is certain (``json_lines``), else by Spark over a
+    local relation."""
+    exact = exact_json(lines["value"].to_pylist(), lines["file"].to_pylist(), source.format,
+                       source.columns, source.types)
     if exact is not None:
         return Parsed(None, _rows(source), exact)
-    lines = local_frame(spark, pa.table({"value": pa.array(values, pa.string()),
-                                         "file": pa.array(where, pa.string())}))
-    return parse_json(lines, source)
+    return parse_json(local_frame(spark, lines), source)
 
 
 def _weighted(df: DataFrame, source: FileSource) -> DataFrame:

@@ -110,7 +110,7 @@ def _row_checker(columns: tuple[str, ...], types: tuple[str, ...]
     return _struct(fields), pa.struct(arrow)
 
 
-def exact_json(values: list[str], files: list[str], fmt: str, columns: tuple[str, ...],
+def exact_json(values: list[str | None], files: list[str], fmt: str, columns: tuple[str, ...],
                types: tuple[str, ...]) -> pa.Table | None:
     """``parse_json``'s records of ``values`` (lines of ``files``, one each) in ``fmt``,
     computed here when Spark's reading of every line is certain (module docstring); None
@@ -130,7 +130,7 @@ def exact_json(values: list[str], files: list[str], fmt: str, columns: tuple[str
     parsed, raw, where = [], [], []
     try:
         for value, file in zip(values, files):
-            if not value.strip(" "):  # Spark's trim: spaces only
+            if value is None or not value.strip(" "):  # NULL (Kafka), or blank: trim's spaces
                 continue
             obj = json.loads(value, object_pairs_hook=_unique, parse_constant=_constant)
             if type(obj) is not dict or "_corrupt" in obj:  # parse_json's own column

@@ -26,7 +26,7 @@ import time
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, ClassVar, Iterator
 
-from connectors.files import FileSource, Parsed, parse_json
+from connectors.files import FileSource, Parsed, parse_json, parse_lines
 from octo_platform.errors import RunError
 from octo_platform.timeunits import parse_span
 from octo_platform.workers import task_started
@@ -240,16 +240,14 @@ def read(spark: SparkSession, source: KafkaSource, ranges: dict[str, list[int]])
 def read_local(spark: SparkSession, source: KafkaSource,
                ranges: dict[str, list[int]]) -> Parsed:
     """``read`` for a small batch in the driver: the ranges fetched here, by one consumer,
-    and parsed by the same Spark SQL over a local relation (no Spark job)."""
+    and parsed as a small batch of files is (``files.parse_lines``: no Spark job)."""
     import pyarrow as pa
-
-    from octo_platform.local_frames import local_frame
 
     todo = pa.RecordBatch.from_pylist([{"partition": p, "start": a, "stop": b}
                                        for p, a, b in _todo(ranges)])
     fetched = _fetcher(source, executor=False)(iter([todo])) if todo.num_rows else iter([])
     lines = pa.Table.from_batches(list(fetched), schema=_messages_schema())
-    return parse_json(local_frame(spark, lines), _as_file_source(source))
+    return parse_lines(spark, lines, _as_file_source(source))
 
 
 def _messages_schema() -> pa.Schema:

@@ -15,10 +15,11 @@ from tests.oracle import RandomInput
 
 COLUMNS = ("id", "n", "g", "d", "b")
 TYPES = ("BIGINT", "INT", "STRING", "DOUBLE", "BOOLEAN")
-# Lines Python reads as Spark does, then lines Spark reads otherwise or not at all.
+# Lines Python reads as Spark does (None: a Kafka message's NULL value, skipped as a blank
+# line is), then lines Spark reads otherwise or not at all.
 SAME = ['{"id": 1}', '{"d": 1}', '{"d": 1e400}', '{"g": "a\\u00e9"}', '{"id": -0}',
         '{"d": -0.0}', '{"x": [1, {"y": 2}], "id": 3}', '  {"id": 4}  ', '\t{"id": 4}\t',
-        '   ', '', '{}', '{"d": 12345678901234567890}',
+        '   ', '', None, '{}', '{"d": 12345678901234567890}',
         '{"b": true, "g": "x", "n": -2147483648, "d": 0.1}']
 OTHER = ['{"id": 1.0}', '{"n": 3000000000}', '{"g": 12}', '{"d": "NaN"}', '{"d": NaN}',
          '{"id": 1, "id": 2}', 'null', '[1]', '{"id": 1} x', '{"ID": 5}', '{"g": "\\ud800"}',
