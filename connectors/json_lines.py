@@ -20,6 +20,7 @@ from __future__ import annotations
 import json
 from typing import TYPE_CHECKING, Any, Callable
 
+from connectors.debezium import CHANGELOG_OPS
 from octo_platform.local_frames import arrow_type
 
 if TYPE_CHECKING:
@@ -31,7 +32,6 @@ __all__ = ["exact_json", "EXACT_LINES"]
 # against ~80 ms for Spark's calls), 10,000 lines 0.2-0.7 s: about what Spark's job over
 # Arrow batches costs them, on every core (``local_frames.COLLECT_ROWS``).
 EXACT_LINES = 2_000
-_OPS = ("c", "r", "u", "d")
 
 
 class _Unsure(Exception):
@@ -158,7 +158,7 @@ def _table(parsed: list[Any], raw: list[str], where: list[str], fmt: str,
         p = e["payload"]
         op = e["op"] if p is None or p["op"] is None else p["op"]
         before, after = (e["before"], e["after"]) if p is None else (p["before"], p["after"])
-        if op not in _OPS or (op != "d" and after is None) \
+        if op not in CHANGELOG_OPS or (op != "d" and after is None) \
                 or (op in ("u", "d") and before is None):
             raise _Unsure("an invalid event: Spark gives its reason")
         images.append((op, before, after))
