@@ -153,8 +153,7 @@ def parse_lines(spark: SparkSession, lines: pa.Table, source: FileSource) -> Par
     """``parse_json`` of ``lines`` (Arrow: ``value``, ``file``) read in the driver: in
     Python where Spark's reading of them is certain (``json_lines``), else by Spark over a
     local relation."""
-    exact = exact_json(lines["value"].to_pylist(), lines["file"].to_pylist(), source.format,
-                       source.columns, source.types)
+    exact = exact_json(lines, source.format, source.columns, source.types)
     if exact is not None:
         return Parsed(None, _rows(source), exact)
     return parse_json(local_frame(spark, lines), source)

@@ -110,16 +110,17 @@ def _row_checker(columns: tuple[str, ...], types: tuple[str, ...]
     return _struct(fields), pa.struct(arrow)
 
 
-def exact_json(values: list[str | None], files: list[str], fmt: str, columns: tuple[str, ...],
-               types: tuple[str, ...]) -> pa.Table | None:
-    """``parse_json``'s records of ``values`` (lines of ``files``, one each) in ``fmt``,
-    computed here when Spark's reading of every line is certain (module docstring); None
-    otherwise, or above ``EXACT_LINES`` lines."""
+def exact_json(lines: pa.Table, fmt: str, columns: tuple[str, ...], types: tuple[str, ...]
+               ) -> pa.Table | None:
+    """``parse_json``'s records of ``lines`` (``value``: a line, ``file``: its file) in
+    ``fmt``, computed here when Spark's reading of every line is certain (module docstring);
+    None otherwise, or above ``EXACT_LINES`` lines (never made Python objects)."""
     import pyarrow as pa
 
-    made = _row_checker(columns, types) if len(values) <= EXACT_LINES else None
+    made = _row_checker(columns, types) if lines.num_rows <= EXACT_LINES else None
     if made is None:
         return None
+    values, files = lines["value"].to_pylist(), lines["file"].to_pylist()
     row, row_type = made
     if fmt == "debezium-json":
         image = _struct({"before": row, "after": row, "op": _scalar("string")})

@@ -35,21 +35,24 @@ BAD_EVENTS = ['{"before": null, "after": null, "op": "u"}', '{"op": "x", "after"
               '{"after": {"id": 1}}']
 
 
+def table(lines: list[str | None]) -> pa.Table:
+    return pa.table({"value": pa.array(lines, pa.string()),
+                     "file": pa.array(["f"] * len(lines), pa.string())})
+
+
 def spark_records(spark, lines: list[str], fmt: str, columns=COLUMNS, types=TYPES) -> pa.Table:
     source = FileSource("s", columns, types, "/x", fmt)
-    frame = local_frame(spark, pa.table({"value": pa.array(lines, pa.string()),
-                                         "file": pa.array(["f"] * len(lines), pa.string())}))
+    frame = local_frame(spark, table(lines))
     return collect_arrow(parse_json(frame, source).records, rows_in=len(lines))
 
 
 @pytest.mark.parametrize("fmt, same, other", [("json", SAME, OTHER),
                                                ("debezium-json", EVENTS, BAD_EVENTS)])
 def test_lines_are_read_as_spark_reads_them_or_left_to_spark(spark, fmt, same, other):
-    got = exact_json(same, ["f"] * len(same), fmt, COLUMNS, TYPES)
+    got = exact_json(table(same), fmt, COLUMNS, TYPES)
     assert got is not None and got.equals(spark_records(spark, same, fmt))
     for line in other:  # one such line leaves the whole batch to Spark
-        assert exact_json([*same, line], ["f"] * (len(same) + 1), fmt, COLUMNS, TYPES) is None, \
-            line
+        assert exact_json(table([*same, line]), fmt, COLUMNS, TYPES) is None, line
 
 
 def test_random_batches_match_spark(spark):
@@ -60,11 +63,11 @@ def test_random_batches_match_spark(spark):
         feed, fmt = RandomInput(11, debezium), "debezium-json" if debezium else "json"
         for _ in range(4):
             lines = feed.lines(rng.randint(1, 30), bad=rng.choice([0, 0, 1]))
-            got = exact_json(lines, ["f"] * len(lines), fmt, columns, types)
+            got = exact_json(table(lines), fmt, columns, types)
             want = spark_records(spark, lines, fmt, columns, types)
             assert got is None if want["_reason"].null_count < want.num_rows else got.equals(want)
 
 
 def test_other_column_types_are_left_to_spark():
     for spark_type in ("TIMESTAMP", "DATE", "DECIMAL(10,2)", "FLOAT", "ARRAY<INT>"):
-        assert exact_json(['{"x": 1}'], ["f"], "json", ("x",), (spark_type,)) is None
+        assert exact_json(table(['{"x": 1}']), "json", ("x",), (spark_type,)) is None
