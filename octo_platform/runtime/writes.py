@@ -113,18 +113,22 @@ def write_outputs(outputs: list[Output], *, batch: int, store: Store,
     # Files the outputs' own tasks wrote, beside those the writer writes, in the same job.
     jobs = [o.frame.selectExpr(f"CAST({i} AS INT) AS o", "*") for i, o in enumerate(todo)
             if o.written is not None]
+    # One write task per core, not one per output partition: a task's fixed cost (a
+    # Python worker's Arrow stream, its files) is what a small batch pays most for.
+    tasks = todo[0].frame.sparkSession.sparkContext.defaultParallelism
     if tagged:
         union = functools.reduce(
             lambda a, b: a.unionByName(b, allowMissingColumns=True), tagged)
-        # One write task per core, not one per output partition: a task's fixed cost (a
-        # Python worker's Arrow stream, its files) is what a small batch pays most for.
-        tasks = union.sparkSession.sparkContext.defaultParallelism
         jobs.insert(0, union.coalesce(tasks).mapInArrow(_writer(meta, store.opener()),
                                                         _FILE_SCHEMA))
     jobs += [unread(w).selectExpr(
         "CAST(-1 AS INT) AS o", *(f"CAST(NULL AS {t}) AS {c}" for c, t in _WRITTEN_COLUMNS))
         for w in watched]
-    job = functools.reduce(lambda a, b: a.unionByName(b), jobs)
+    # The job's legs (the writer, the operators' tasks that write their own files, the
+    # observed frames) in one task per core too: each task of a stage deserializes the
+    # whole stage (every leg's plan), and a union's partitions add up (16 tasks for Nexmark
+    # q4's shape spent more time deserializing the job than running it).
+    job = functools.reduce(lambda a, b: a.unionByName(b), jobs).coalesce(tasks)
     files = job.collect()
     written.observed = observed_metrics(job)
     keys = list(dict.fromkeys(o.key for o in todo))
