@@ -15,7 +15,8 @@ change data feed where the table has it and no column was renamed or dropped bet
 versions (Delta refuses that read), otherwise the difference of the two versions' rows
 (each row's count in the newer snapshot minus its count in the older: one read of each).
 Each version is read through one frame per session (``version_frame``), which keeps the
-snapshot Delta built for it when the frame was first planned.
+snapshot Delta built for it when the frame was first planned. A batch run in the driver takes
+the changes as Arrow (``changes_arrow``), read once per process for each pair of versions.
 """
 from __future__ import annotations
 
@@ -29,6 +30,7 @@ from octo_platform.errors import RunError
 from octo_platform.sqltext import quote, sql_expr
 
 if TYPE_CHECKING:
+    import pyarrow as pa
     from pyspark.sql import DataFrame, SparkSession
 
     from octo_platform.runtime.environment import Store
@@ -68,6 +70,13 @@ def version_frame(spark: SparkSession, path: str, table_id: str, version: int) -
         while len(_FRAMES) > _FRAMES_KEPT:
             _FRAMES.popitem(last=False)
     return frame
+
+
+# The changes between two versions as Arrow (``DeltaSource.changes_arrow``), newest use last.
+_CHANGES: OrderedDict[tuple, pa.Table] = OrderedDict()
+_CHANGES_KEPT = 8
+CHANGES_KEPT_ROWS = 100_000  # a larger read is not kept
+_reading: dict[tuple, threading.Lock] = {}  # one read of a key at a time
 
 
 def spark_reads(info: dict[str, Any]) -> bool:
@@ -131,6 +140,37 @@ class DeltaSource:
         else:
             rows = self.files_diff(spark, info, names, start, end, table)
         return self.inserts_only(rows, start, end, table) if self.append_only else rows
+
+    def changes_arrow(self, spark: SparkSession, got: dict[str, Any], *,
+                      table: str) -> pa.Table:
+        """``changes`` as Arrow (``got``: not empty), read once per process (and Spark
+        session) for each pair of versions: the tables that read the source see the same
+        versions in a run's batches (the versions a batch reads are immutable), and each
+        read is planned by Spark (for a table with deletion vectors, Delta lists the files
+        of each version by Spark jobs as the read is optimized and again as it is planned:
+        1-4 s for a diff of two versions here) or diffed by delta-rs."""
+        info = self.store.table_info(self.path, got["to"])
+        key = (id(spark._jsparkSession), self.path, self.columns, self.types, self.append_only,
+               info["id"] if info else None, got["from"], got["to"])
+        with _frames_lock:
+            lock = _reading.setdefault(key, threading.Lock())
+        with lock:  # another table's thread may be reading it
+            with _frames_lock:
+                rows = _CHANGES.get(key)
+                if rows is not None:
+                    _CHANGES.move_to_end(key)
+                    return rows
+            try:
+                rows = self.changes(spark, got, table=table).toArrow()
+                with _frames_lock:
+                    if rows.num_rows <= CHANGES_KEPT_ROWS:
+                        _CHANGES[key] = rows
+                        while len(_CHANGES) > _CHANGES_KEPT:
+                            _CHANGES.popitem(last=False)
+            finally:
+                with _frames_lock:
+                    _reading.pop(key, None)
+        return rows
 
     def spark_changes(self, spark: SparkSession, info: dict[str, Any], names: dict[str, str],
                       start: int | None, end: int, has_cdf: bool, table: str) -> DataFrame:

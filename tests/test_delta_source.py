@@ -11,6 +11,7 @@ import pyarrow as pa
 import pytest
 from deltalake import DeltaTable, write_deltalake
 
+from connectors.delta_table import DeltaSource
 from octo_platform.cli import main as octo
 from octo_platform.errors import RunError, SqlError
 from octo_platform.project import load_project
@@ -211,11 +212,17 @@ def test_delta_source_is_updating_and_keyed(tmp_path):
 
 
 @pytest.mark.parametrize("cdf", [False, True], ids=["versions-diff", "change-data-feed"])
-def test_deletion_vectors_and_column_mapping_are_read_by_spark(spark, tmp_path, cdf):
+def test_deletion_vectors_and_column_mapping_are_read_by_spark(spark, tmp_path, cdf,
+                                                               monkeypatch):
     """A dimension written by delta-spark itself, with deletion vectors and column mapping on:
     DELETE, UPDATE and MERGE leave deletion vectors, a column is renamed and one dropped (the
     change data feed cannot be read across those, so that batch diffs the versions); after
-    every run (a restart) each table equals the SELECT over Spark's own read of the table."""
+    every run (a restart) each table equals the SELECT over Spark's own read of the table,
+    and the run's three tables read the dimension's changes once."""
+    reads: list[dict] = []
+    read = DeltaSource.changes
+    monkeypatch.setattr(DeltaSource, "changes", lambda self, spark, got, **kw: (
+        reads.append(got), read(self, spark, got, **kw))[1])
     dim = tmp_path / "dim"
     props = ("'delta.enableDeletionVectors' = 'true', 'delta.columnMapping.mode' = 'name'"
              + (", 'delta.enableChangeDataFeed' = 'true'" if cdf else ""))
@@ -237,6 +244,8 @@ def test_deletion_vectors_and_column_mapping_are_read_by_spark(spark, tmp_path, 
         rows = [{"k": r["K"], "name": r["Name"], "tier": r["tier"]}
                 for r in spark.read.format("delta").load(str(dim)).collect()]
         check_tables(spark, tmp_path, sql, {"facts": facts.rows, "dim": rows}, TABLES, label)
+        assert len(reads) == 1, f"{label}: {reads}"  # one read, whatever the number of tables
+        reads.clear()
 
     facts.add([0, 1, 2, 3, 5, 8])
     run("snapshot")

@@ -10,7 +10,9 @@ bad records become the batch's dead letters. Where a stateless node right above 
 starts with a filter, the Spark call that parses the records also evaluates that filter
 (``first_filters``): the node then takes the rows it keeps without a Spark call of its own.
 A Kafka source's ranges are fetched here by one consumer and parsed like lines of a file
-(``connectors/kafka.read_local``). Other inputs (CSV, ``delta`` sources, remote files)
+(``connectors/kafka.read_local``). A ``delta`` source's changes are read as Arrow once per
+process for each pair of versions, whichever table asks first (``changes_arrow``: Spark
+reads a table with deletion vectors, delta-rs the others). Other inputs (CSV, remote files)
 raise ``Unsupported``: the driver path then reads them with Spark (``inputs.read_inputs``).
 """
 from __future__ import annotations
@@ -78,6 +80,14 @@ def read_local(pipe: TableRun, lc: LocalContext, inputs: dict[str, Any], rows: i
             out.tables[src.name.lower()] = changes
             continue
         sdef = pipe.project.source(src.name)
+        if sdef.connector == "delta":  # read by Spark or delta-rs, once for every table
+            dsrc = pipe.delta_sources[src.name.lower()]
+            changes = dsrc.changes_arrow(lc.spark, got, table=pipe.name) if got else \
+                lc.once(f"empty:{key}", lambda: arrow_schema(dsrc.empty(pipe.spark).schema)
+                        .empty_table())  # noqa: B023 - called at once
+            out.rows_in += changes.num_rows
+            out.tables[src.name.lower()] = changes
+            continue
         if sdef.connector == "kafka":
             ksrc = pipe.env.kafka_source(sdef.name, sdef.options, columns=sdef.columns,
                                          types=sdef.types)
