@@ -30,9 +30,6 @@ __all__ = ["input_specs", "read_inputs", "set_watermarks", "watermarked_inputs",
 
 ALL_BUCKETS_BYTES = 1 << 20  # input size from which a top-N takes all its buckets as touched
 KAFKA_RECORD_BYTES = 100  # a Kafka record's size, as far as ALL_BUCKETS_BYTES is concerned
-# An input of at most this many bytes is read by one task: every task of a stage
-# deserializes the stage's plan, and a small input's second task only added that.
-ONE_TASK_BYTES = 1 << 20
 LATE = "late:"  # how a late record's dead-letter reason starts
 
 
@@ -96,8 +93,7 @@ def read_inputs(pipe: TableRun, ctx: BatchContext, inputs: dict[str, Any],
         if src.kind == "table" or dsrc is not None:
             if dsrc is None:
                 rows, files = upstream_changes(pipe, src, got)
-                size += (mine := _local_bytes(files))
-                rows = rows.coalesce(1) if mine <= ONE_TASK_BYTES else rows
+                size += _local_bytes(files)
                 mark = upstream_watermark(pipe, src, got)
                 if mark is not None:
                     stats.watermarks[key] = after[key] = mark
@@ -114,16 +110,15 @@ def read_inputs(pipe: TableRun, ctx: BatchContext, inputs: dict[str, Any],
             ksrc = pipe.env.kafka_source(sdef.name, sdef.options, columns=sdef.columns,
                                          types=sdef.types)
             ranges = (got or {}).get("ranges", {})
-            mine = KAFKA_RECORD_BYTES * sum(b - a for a, b in ranges.values())
+            size += KAFKA_RECORD_BYTES * sum(b - a for a, b in ranges.values())
             parsed = pipe.env.read_kafka(pipe.spark, ksrc, ranges)
             fsrc, files = None, []
         else:
             fsrc = pipe.env.file_source(sdef, pipe.project.source_path(sdef))
             files = (got or {}).get("files", [])
-            mine = _local_bytes(files)
+            size += sum(os.path.getsize(f) for f in files if os.path.exists(f))
             parsed = pipe.env.read_files(pipe.spark, fsrc, files)
-        size += mine
-        records = parsed.records if mine > ONE_TASK_BYTES else parsed.records.coalesce(1)
+        records = parsed.records
         exprs = ["count_if(_reason IS NULL) AS good", "count_if(_reason IS NOT NULL) AS bad"]
         if sdef.watermark is not None:
             records, timed = mark_late(records, sdef, watermarks.get(key))
