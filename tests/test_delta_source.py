@@ -221,8 +221,12 @@ def test_deletion_vectors_and_column_mapping_are_read_by_spark(spark, tmp_path, 
     and the run's three tables read the dimension's changes once."""
     reads: list[dict] = []
     read = DeltaSource.changes
-    monkeypatch.setattr(DeltaSource, "changes", lambda self, spark, got, **kw: (
-        reads.append(got), read(self, spark, got, **kw))[1])
+
+    def counted(self, spark, got, **kw):
+        reads.append(got)
+        return read(self, spark, got, **kw)
+
+    monkeypatch.setattr(DeltaSource, "changes", counted)
     dim = tmp_path / "dim"
     props = ("'delta.enableDeletionVectors' = 'true', 'delta.columnMapping.mode' = 'name'"
              + (", 'delta.enableChangeDataFeed' = 'true'" if cdf else ""))
