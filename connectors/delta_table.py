@@ -45,7 +45,25 @@ CDF_WEIGHT = ("CASE WHEN _change_type IN ('insert', 'update_postimage') THEN 1 "
 # Spark's reads of Delta versions, by (session, path, table id, version), newest use last.
 _FRAMES: OrderedDict[tuple, DataFrame] = OrderedDict()
 _FRAMES_KEPT = 16
-_frames_lock = threading.Lock()
+_lock = threading.Lock()  # the module's caches (``_FRAMES``, ``_CHANGES``, ``_reading``)
+
+
+def _kept(cache: OrderedDict, key: tuple) -> Any:
+    """``cache``'s value for ``key`` (None if not kept), now its newest use (under ``_lock``)."""
+    value = cache.get(key)
+    if value is not None:
+        cache.move_to_end(key)
+    return value
+
+
+def _keep(cache: OrderedDict, key: tuple, value: Any, most: int) -> Any:
+    """Keep ``value`` for ``key`` (unless one is kept already: that one is returned) as the
+    newest use, and at most ``most`` values in all (under ``_lock``)."""
+    value = cache.setdefault(key, value)
+    cache.move_to_end(key)
+    while len(cache) > most:
+        cache.popitem(last=False)
+    return value
 
 
 def version_frame(spark: SparkSession, path: str, table_id: str, version: int) -> DataFrame:
@@ -58,18 +76,13 @@ def version_frame(spark: SparkSession, path: str, table_id: str, version: int) -
     reads 1.82 s (``benchmarks/delta_versions.py``). A version of a table never changes; a
     table made anew at the same path has another id."""
     key = (id(spark._jsparkSession), path, table_id, version)
-    with _frames_lock:
-        frame = _FRAMES.get(key)
-        if frame is not None:
-            _FRAMES.move_to_end(key)
-            return frame
+    with _lock:
+        frame = _kept(_FRAMES, key)
+    if frame is not None:
+        return frame
     frame = spark.read.format("delta").option("versionAsOf", version).load(path)
-    with _frames_lock:
-        frame = _FRAMES.setdefault(key, frame)
-        _FRAMES.move_to_end(key)
-        while len(_FRAMES) > _FRAMES_KEPT:
-            _FRAMES.popitem(last=False)
-    return frame
+    with _lock:
+        return _keep(_FRAMES, key, frame, _FRAMES_KEPT)
 
 
 # The changes between two versions as Arrow (``DeltaSource.changes_arrow``), newest use last.
@@ -152,23 +165,20 @@ class DeltaSource:
         info = self.store.table_info(self.path, got["to"])
         key = (id(spark._jsparkSession), self.path, self.columns, self.types, self.append_only,
                info["id"] if info else None, got["from"], got["to"])
-        with _frames_lock:
-            lock = _reading.setdefault(key, threading.Lock())
-        with lock:  # another table's thread may be reading it
-            with _frames_lock:
-                rows = _CHANGES.get(key)
-                if rows is not None:
-                    _CHANGES.move_to_end(key)
-                    return rows
+        with _lock:
+            reading = _reading.setdefault(key, threading.Lock())
+        with reading:  # another table's thread may be reading it
+            with _lock:
+                rows = _kept(_CHANGES, key)
+            if rows is not None:
+                return rows
             try:
                 rows = self.changes(spark, got, table=table).toArrow()
-                with _frames_lock:
-                    if rows.num_rows <= CHANGES_KEPT_ROWS:
-                        _CHANGES[key] = rows
-                        while len(_CHANGES) > _CHANGES_KEPT:
-                            _CHANGES.popitem(last=False)
+                if rows.num_rows <= CHANGES_KEPT_ROWS:
+                    with _lock:
+                        _keep(_CHANGES, key, rows, _CHANGES_KEPT)
             finally:
-                with _frames_lock:
+                with _lock:
                     _reading.pop(key, None)
         return rows
 
