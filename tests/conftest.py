@@ -23,8 +23,13 @@ os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
 # profile), compiling Spark's planning code, which runs a few times per plan
 # (`test_oracle_joins[spark]` alone: 319 CPU-s with, 360-383 without; `test_oracle.py`
 # and `test_windows.py`: 601 against 638; benchmarks/README).
+# The parallel collector, not G1: this JVM only does throughput work, and G1's concurrent
+# threads and write barriers cost it CPU (`test_oracle_joins[spark]` alone, in turn, 4
+# runs each: the JVM's CPU 145.0, 145.0, 168.3, 160.0 s against 152.1, 177.5, 164.0,
+# 163.6 s with G1; benchmarks/README).
 SESSION_CONF = {"spark.driver.memory": "2g",
-                "spark.driver.extraJavaOptions": "-XX:CompileThresholdScaling=10",
+                "spark.driver.extraJavaOptions":
+                    "-XX:CompileThresholdScaling=10 -XX:+UseParallelGC",
                 "spark.sql.codegen.wholeStage": "false",
                 "spark.sql.codegen.factoryMode": "NO_CODEGEN"}
 
