@@ -11,13 +11,19 @@ column's name in case alone) whose every declared field is null or a JSON value 
 the kind Spark reads into that column's type with no conversion (an integer in range for
 BIGINT and INT, a number for DOUBLE, a string for STRING, true or false for BOOLEAN; a
 nested object for Debezium's images), and, for Debezium, every event valid (no
-``debezium.validate`` reason). Any other line, and any other column type, returns None:
+``debezium.validate`` reason). A TIMESTAMP is read here only in a session whose time zone
+is UTC, and only as a string ``yyyy-MM-dd HH:mm:ss`` (or with ``T`` between), up to six
+digits of a second and an optional ``Z``, naming a valid date and time: Spark reads such a
+string, in its default format or its fallback parse, as that wall-clock time in the
+session's zone (``tests/test_json_lines.py`` compares both readings). Any other line, and any other column type, returns None:
 Spark parses the batch, so its text for a value of another kind (``12`` for a STRING is
 ``"12"``), its dead letters and their reasons stay its own.
 """
 from __future__ import annotations
 
 import json
+import re
+from datetime import datetime, timedelta
 from typing import TYPE_CHECKING, Any, Callable
 
 from connectors.debezium import CHANGELOG_OPS
@@ -26,12 +32,19 @@ from octo_platform.local_frames import arrow_type
 if TYPE_CHECKING:
     import pyarrow as pa
 
-__all__ = ["exact_json", "EXACT_LINES"]
+__all__ = ["exact_json", "EXACT_LINES", "UTC_ZONES"]
 
 # Up to this many lines. Python's parse took 12-23 us a line here (1,000 lines in 12-23 ms,
 # against ~80 ms for Spark's calls), 10,000 lines 0.2-0.7 s: about what Spark's job over
 # Arrow batches costs them, on every core (``local_frames.COLLECT_ROWS``).
 EXACT_LINES = 2_000
+
+
+# Zones whose wall clock is UTC's: a TIMESTAMP string Spark reads in one is read here.
+UTC_ZONES = frozenset({"UTC", "Etc/UTC", "GMT", "Etc/GMT", "Z"})
+_TIMESTAMP = re.compile(r"(\d{4})-(\d\d)-(\d\d)[T ](\d\d):(\d\d):(\d\d)(?:\.(\d{1,6}))?Z?")
+_EPOCH = datetime(1970, 1, 1)
+_MICRO = timedelta(microseconds=1)
 
 
 class _Unsure(Exception):
@@ -66,6 +79,18 @@ def _scalar(kind: str) -> Callable[[Any], Any]:
                 raise _Unsure("not a number")
             return v
         return number
+    if kind == "timestamp":
+        def instant(v: Any) -> Any:
+            found = _TIMESTAMP.fullmatch(v) if type(v) is str else None
+            if found is None:
+                raise _Unsure("not a timestamp string of the plain form")
+            *parts, fraction = found.groups()
+            try:
+                at = datetime(*map(int, parts), int((fraction or "0").ljust(6, "0")))
+            except ValueError as e:  # no such date or time: Spark gives its reason
+                raise _Unsure("not a valid date and time") from e
+            return (at - _EPOCH) // _MICRO
+        return instant
     wanted = {"string": str, "bool": bool}[kind]
 
     def same(v: Any) -> Any:
@@ -93,16 +118,18 @@ def _struct(fields: dict[str, Callable[[Any], Any]]) -> Callable[[Any], Any]:
     return check
 
 
-def _row_checker(columns: tuple[str, ...], types: tuple[str, ...]
+def _row_checker(columns: tuple[str, ...], types: tuple[str, ...], timestamps: bool = False
                  ) -> tuple[Callable[[Any], Any], pa.StructType] | None:
     import pyarrow as pa
 
+    kinds = {pa.int64(): "int64", pa.int32(): "int32", pa.float64(): "double",
+             pa.string(): "string", pa.bool_(): "bool"}
+    if timestamps:
+        kinds[arrow_type("TIMESTAMP")] = "timestamp"
     fields, arrow = {}, []
     for column, spark_type in zip(columns, types):
         t = arrow_type(spark_type)
-        kind = None if t is None else {pa.int64(): "int64", pa.int32(): "int32",
-                                       pa.float64(): "double", pa.string(): "string",
-                                       pa.bool_(): "bool"}.get(t)
+        kind = None if t is None else kinds.get(t)
         if kind is None:
             return None
         fields[column] = _scalar(kind)
@@ -110,14 +137,16 @@ def _row_checker(columns: tuple[str, ...], types: tuple[str, ...]
     return _struct(fields), pa.struct(arrow)
 
 
-def exact_json(lines: pa.Table, fmt: str, columns: tuple[str, ...], types: tuple[str, ...]
-               ) -> pa.Table | None:
+def exact_json(lines: pa.Table, fmt: str, columns: tuple[str, ...], types: tuple[str, ...],
+               zone: str | None = None) -> pa.Table | None:
     """``parse_json``'s records of ``lines`` (``value``: a line, ``file``: its file) in
     ``fmt``, computed here when Spark's reading of every line is certain (module docstring);
-    None otherwise, or above ``EXACT_LINES`` lines (never made Python objects)."""
+    None otherwise, or above ``EXACT_LINES`` lines (never made Python objects). ``zone``:
+    the session's time zone (None: unknown, TIMESTAMP columns are left to Spark)."""
     import pyarrow as pa
 
-    made = _row_checker(columns, types) if lines.num_rows <= EXACT_LINES else None
+    made = _row_checker(columns, types, timestamps=zone in UTC_ZONES) \
+        if lines.num_rows <= EXACT_LINES else None
     if made is None:
         return None
     values, files = lines["value"].to_pylist(), lines["file"].to_pylist()

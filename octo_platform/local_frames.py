@@ -26,7 +26,8 @@ if TYPE_CHECKING:
 
 COLLECT_ROWS = 2000  # measured: collecting 10K rows as Python objects took ~0.25 s
 
-__all__ = ["local_frame", "collect_arrow", "arrow_schema", "arrow_type", "COLLECT_ROWS"]
+__all__ = ["local_frame", "collect_arrow", "arrow_schema", "arrow_type", "COLLECT_ROWS",
+           "session_zone"]
 
 _SETTINGS = ("spark.sql.session.timeZone", "spark.sql.timestampType",
              "spark.sql.execution.arrow.useLargeVarTypes",
@@ -36,19 +37,31 @@ _settings: dict[int, tuple[Any, ...]] = {}
 _lock = threading.Lock()
 
 
+def _session_settings(spark: SparkSession) -> tuple[Any, ...]:
+    """The settings ``local_frame`` converts with, read once per session (call under
+    ``_lock``)."""
+    key = id(spark._jsparkSession)
+    settings = _settings.get(key)
+    if settings is None:
+        tz, ts_type, large, batch = (spark.conf.get(k) for k in _SETTINGS)
+        settings = _settings[key] = (tz, ts_type == "TIMESTAMP_NTZ", large == "true",
+                                     int(batch), spark.sparkContext.defaultParallelism)
+    return settings
+
+
+def session_zone(spark: SparkSession) -> str:
+    """The session's time zone (``spark.sql.session.timeZone``), read once per session."""
+    with _lock:
+        return _session_settings(spark)[0]
+
+
 def local_frame(spark: SparkSession, table: pa.Table) -> DataFrame:
     """``table`` as a Spark DataFrame (a local relation), as ``createDataFrame`` makes it."""
     convert = getattr(spark, "_create_from_arrow_table", None)
     if convert is None:  # another PySpark: its public way
         return spark.createDataFrame(table)
-    key = id(spark._jsparkSession)
     with _lock:
-        settings = _settings.get(key)
-        if settings is None:
-            tz, ts_type, large, batch = (spark.conf.get(k) for k in _SETTINGS)
-            settings = _settings[key] = (tz, ts_type == "TIMESTAMP_NTZ", large == "true",
-                                         int(batch), spark.sparkContext.defaultParallelism)
-        tz, ntz, large, batch, cores = settings
+        tz, ntz, large, batch, cores = _session_settings(spark)
         if table.num_rows <= COLLECT_ROWS:
             return convert(table, None, tz, ntz, large, batch)
         # As batches, one per core: the threshold is read when the frame is made, so it is

@@ -71,3 +71,30 @@ def test_random_batches_match_spark(spark):
 def test_other_column_types_are_left_to_spark():
     for spark_type in ("TIMESTAMP", "DATE", "DECIMAL(10,2)", "FLOAT", "ARRAY<INT>"):
         assert exact_json(table(['{"x": 1}']), "json", ("x",), (spark_type,)) is None
+
+
+# TIMESTAMP strings Python reads as Spark does in a UTC session, then others, left to Spark.
+TIMES = ['{"t": "2024-03-23 12:44:31"}', '{"t": "2024-03-23T12:44:31"}', '{"t": null}',
+         '{"t": "2024-02-29 00:00:00.5"}', '{"t": "1969-12-31T23:59:59.999999Z"}',
+         '{"t": "1900-01-01 00:00:00"}', '{"t": "9999-12-31 23:59:59.123Z"}', '{}']
+OTHER_TIMES = ['{"t": "2023-02-29 00:00:00"}', '{"t": "2024-03-23"}', '{"t": 1700000000}',
+               '{"t": "2024-03-23 12:44:31+02:00"}', '{"t": "2024-3-23 12:44:31"}',
+               '{"t": " 2024-03-23 12:44:31"}', '{"t": "2024-03-23 24:00:00"}',
+               '{"t": "2024-03-23 12:44:31.1234567"}', '{"t": "2024-03-23 12:44"}']
+
+
+@pytest.mark.parametrize("fmt", ["json", "debezium-json"])
+def test_timestamps_are_read_as_spark_reads_them_in_a_utc_session(spark, fmt):
+    columns, types = ("id", "t"), ("BIGINT", "TIMESTAMP")
+    zone = spark.conf.get("spark.sql.session.timeZone")
+    assert zone == "UTC"
+    lines = TIMES if fmt == "json" else [
+        f'{{"before": null, "after": {line}, "op": "c"}}' for line in TIMES]
+    got = exact_json(table(lines), fmt, columns, types, zone)
+    assert got is not None and got.equals(spark_records(spark, lines, fmt, columns, types))
+    assert exact_json(table(lines), fmt, columns, types, "Europe/Paris") is None
+    assert exact_json(table(lines), fmt, columns, types) is None  # the zone unknown
+    for line in OTHER_TIMES:
+        if fmt == "debezium-json":
+            line = f'{{"before": null, "after": {line}, "op": "c"}}'
+        assert exact_json(table([*lines, line]), fmt, columns, types, zone) is None, line

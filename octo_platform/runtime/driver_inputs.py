@@ -173,8 +173,14 @@ def on_time(records: pa.Table, sdef: Any, before: int | None) -> pa.Table | None
     Spark is not asked. None when some record is late or has no event time (``mark_late``
     makes them dead letters, with Spark's text of the time in the reason)."""
     wm = sdef.watermark
-    (name,) = [c for c in records.column_names if c.lower() == wm.column.lower()]
-    times = records[name]
+    if sdef.format == "debezium-json":  # a change event's time: as ``time_sql`` takes it
+        images = {side: records[side].combine_chunks() for side in ("before", "after")}
+        (name,) = [f.name for f in images["after"].type if f.name.lower() == wm.column.lower()]
+        times = pc.if_else(pc.equal(records["op"], "d"), images["before"].field(name),
+                           images["after"].field(name))
+    else:
+        (name,) = [c for c in records.column_names if c.lower() == wm.column.lower()]
+        times = records[name]
     # a TIMESTAMP (an instant): Spark's unix_micros is its value, whatever the session's zone
     if not (pa.types.is_timestamp(times.type) and times.type.unit == "us"
             and times.type.tz is not None) or times.null_count:
