@@ -15,9 +15,10 @@ nested object for Debezium's images), and, for Debezium, every event valid (no
 is UTC, and only as a string ``yyyy-MM-dd HH:mm:ss`` (or with ``T`` between), up to six
 digits of a second and an optional ``Z``, naming a valid date and time: Spark reads such a
 string, in its default format or its fallback parse, as that wall-clock time in the
-session's zone (``tests/test_json_lines.py`` compares both readings). Any other line, and any other column type, returns None:
-Spark parses the batch, so its text for a value of another kind (``12`` for a STRING is
-``"12"``), its dead letters and their reasons stay its own.
+session's zone (``tests/test_json_lines.py`` compares both readings). Any other line, and
+any other column type, returns None: Spark parses the batch, so its text for a value of
+another kind (``12`` for a STRING is ``"12"``), its dead letters and their reasons stay its
+own.
 """
 from __future__ import annotations
 
