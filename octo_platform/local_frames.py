@@ -49,10 +49,13 @@ def _session_settings(spark: SparkSession) -> tuple[Any, ...]:
     return settings
 
 
-def session_zone(spark: SparkSession) -> str:
-    """The session's time zone (``spark.sql.session.timeZone``), read once per session."""
+def session_zone(spark: SparkSession) -> str | None:
+    """The time zone a TIMESTAMP column's wall-clock strings are read in: the session's
+    (``spark.sql.session.timeZone``), read once per session; None where the session's
+    TIMESTAMP has no zone (``spark.sql.timestampType`` TIMESTAMP_NTZ)."""
     with _lock:
-        return _session_settings(spark)[0]
+        tz, ntz, *_ = _session_settings(spark)
+    return None if ntz else tz
 
 
 def local_frame(spark: SparkSession, table: pa.Table) -> DataFrame:

@@ -98,3 +98,14 @@ def test_timestamps_are_read_as_spark_reads_them_in_a_utc_session(spark, fmt):
         if fmt == "debezium-json":
             line = f'{{"before": null, "after": {line}, "op": "c"}}'
         assert exact_json(table([*lines, line]), fmt, columns, types, zone) is None, line
+
+
+def test_a_session_without_zones_leaves_timestamps_to_spark(spark):
+    """Where a session's TIMESTAMP is TIMESTAMP_NTZ, Spark's records have no zone: no zone is
+    given to ``exact_json``, which then leaves TIMESTAMP columns to Spark."""
+    from octo_platform.local_frames import session_zone
+
+    assert session_zone(spark) == "UTC"
+    other = spark.newSession()
+    other.conf.set("spark.sql.timestampType", "TIMESTAMP_NTZ")
+    assert session_zone(other) is None
