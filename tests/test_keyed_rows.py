@@ -126,3 +126,26 @@ def test_an_index_sorts_hashes_by_their_top_bits_and_position_then_fixes_ties(n)
     assert sorted(order.tolist()) == list(range(n))
     assert (tops == np.sort(hashes >> np.uint64(32))).all()
     assert (hashes[order] >> np.uint64(32) == tops).all()
+
+
+@pytest.mark.skipif(not hasattr(__import__("os"), "setpriority"), reason="no thread priorities")
+def test_kept_rows_are_sorted_at_idle_priority_and_a_search_does_not_wait_for_it():
+    """The background sorts take the cores the batches leave idle (nice 19 on Linux); a
+    search that needs an index not yet sorted sorts it itself rather than wait."""
+    import os
+    import threading
+
+    assert keyed_rows._INDEXER.submit(
+        lambda: os.getpriority(os.PRIO_PROCESS, threading.get_native_id())).result() == 19
+    gate = threading.Event()
+    keyed_rows._INDEXER.submit(gate.wait)  # the indexer busy: the next sort waits its turn
+    try:
+        rows = pa.table({"k": np.arange(1000, 0, -1, dtype=np.int64)})
+        hashes = key_hash(rows, ["k"])
+        run = keyed_rows._Run.of(rows, hashes, lazy=True)
+        run.index_later()
+        indexed = run.indexed()
+        assert run._index is not None and run._index.cancelled()
+        assert indexed.at is not None and sorted(indexed.at) == list(range(1000))
+    finally:
+        gate.set()

@@ -21,6 +21,8 @@ all rows per lookup: still correct, O(state).
 """
 from __future__ import annotations
 
+import os
+import threading
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
 
@@ -42,7 +44,19 @@ _LAZY_ROWS = 200_000
 # An index keeps the top 32 bits of each row's hash: rows whose top bits tie are told
 # apart by their keys (``KeyedRows._matches``), and each row's position fits below them.
 _TOP = np.uint64(32)
-_INDEXER = ThreadPoolExecutor(1, thread_name_prefix="octo-index")  # sorts runs kept for later
+
+
+def _idle_priority() -> None:
+    """Run the calling thread at the lowest CPU priority (Linux: a thread is a task), so a
+    sort kept for later takes the cores the batches leave idle, not theirs."""
+    try:
+        os.setpriority(os.PRIO_PROCESS, threading.get_native_id(), 19)
+    except (AttributeError, OSError):  # not Linux: it sorts at the process's priority
+        pass
+
+
+_INDEXER = ThreadPoolExecutor(1, thread_name_prefix="octo-index",  # sorts runs kept for later
+                              initializer=_idle_priority)
 
 
 def same_values(a: pa.ChunkedArray | pa.Array, b: pa.ChunkedArray | pa.Array
@@ -164,10 +178,15 @@ class _Run:
             self._index = _INDEXER.submit(_Run.sort, self.rows, self.hashes)
 
     def indexed(self) -> _Run:
+        """The run indexed: by the background sort if it is done, else sorted now (the
+        background's sorts run at idle priority, behind a busy machine's other work)."""
         if self.at is not None:
             return self
-        return self._index.result() if self._index is not None else \
-            _Run.sort(self.rows, self.hashes)
+        if self._index is not None and self._index.done():
+            return self._index.result()
+        if self._index is not None:
+            self._index.cancel()  # if it has not started
+        return _Run.sort(self.rows, self.hashes)
 
     def pairs(self, hashes: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
         """(i, r) for each asked hash ``hashes[i]`` and row ``r`` of that hash."""
