@@ -15,7 +15,7 @@ from typing import TYPE_CHECKING, Callable
 from connectors import debezium
 from connectors.json_lines import exact_json
 from octo_platform.columns import WEIGHT
-from octo_platform.local_frames import arrow_type, local_frame, session_zone
+from octo_platform.local_frames import arrow_type, local_frame, session_times
 from octo_platform.sqltext import quote
 
 if TYPE_CHECKING:
@@ -153,7 +153,8 @@ def parse_lines(spark: SparkSession, lines: pa.Table, source: FileSource) -> Par
     """``parse_json`` of ``lines`` (Arrow: ``value``, ``file``) read in the driver: in
     Python where Spark's reading of them is certain (``json_lines``), else by Spark over a
     local relation."""
-    exact = exact_json(lines, source.format, source.columns, source.types, session_zone(spark))
+    exact = exact_json(lines, source.format, source.columns, source.types,
+                       *session_times(spark))
     if exact is not None:
         return Parsed(None, _rows(source), exact)
     return parse_json(local_frame(spark, lines), source)

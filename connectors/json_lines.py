@@ -15,7 +15,9 @@ nested object for Debezium's images), and, for Debezium, every event valid (no
 is UTC, and only as a string ``yyyy-MM-dd HH:mm:ss`` (or with ``T`` between), up to six
 digits of a second and an optional ``Z``, naming a valid date and time: Spark reads such a
 string, in its default format or its fallback parse, as that wall-clock time in the
-session's zone (``tests/test_json_lines.py`` compares both readings). Any other line, and
+session's zone (``tests/test_json_lines.py`` compares both readings). A DATE is read here
+only as a string ``yyyy-MM-dd`` naming a valid date, in any zone. Neither is read here under
+Spark's lenient legacy parser (``local_frames.session_times``). Any other line, and
 any other column type, returns None: Spark parses the batch, so its text for a value of
 another kind (``12`` for a STRING is ``"12"``), its dead letters and their reasons stay its
 own.
@@ -44,6 +46,7 @@ EXACT_LINES = 2_000
 # Zones whose wall clock is UTC's: a TIMESTAMP string Spark reads in one is read here.
 UTC_ZONES = frozenset({"UTC", "Etc/UTC", "GMT", "Etc/GMT", "Z"})
 _TIMESTAMP = re.compile(r"(\d{4})-(\d\d)-(\d\d)[T ](\d\d):(\d\d):(\d\d)(?:\.(\d{1,6}))?Z?")
+_DATE = re.compile(r"(\d{4})-(\d\d)-(\d\d)")
 _EPOCH = datetime(1970, 1, 1)
 _MICRO = timedelta(microseconds=1)
 
@@ -92,6 +95,16 @@ def _scalar(kind: str) -> Callable[[Any], Any]:
                 raise _Unsure("not a valid date and time") from e
             return (at - _EPOCH) // _MICRO
         return instant
+    if kind == "date":
+        def day(v: Any) -> Any:
+            found = _DATE.fullmatch(v) if type(v) is str else None
+            if found is None:
+                raise _Unsure("not a date string of the plain form")
+            try:
+                return (datetime(*map(int, found.groups())) - _EPOCH).days
+            except ValueError as e:  # no such date: Spark gives its reason
+                raise _Unsure("not a valid date") from e
+        return day
     wanted = {"string": str, "bool": bool}[kind]
 
     def same(v: Any) -> Any:
@@ -119,14 +132,16 @@ def _struct(fields: dict[str, Callable[[Any], Any]]) -> Callable[[Any], Any]:
     return check
 
 
-def _row_checker(columns: tuple[str, ...], types: tuple[str, ...], timestamps: bool = False
-                 ) -> tuple[Callable[[Any], Any], pa.StructType] | None:
+def _row_checker(columns: tuple[str, ...], types: tuple[str, ...], timestamps: bool = False,
+                 dates: bool = False) -> tuple[Callable[[Any], Any], pa.StructType] | None:
     import pyarrow as pa
 
     kinds = {pa.int64(): "int64", pa.int32(): "int32", pa.float64(): "double",
              pa.string(): "string", pa.bool_(): "bool"}
     if timestamps:
         kinds[arrow_type("TIMESTAMP")] = "timestamp"
+    if dates:
+        kinds[arrow_type("DATE")] = "date"
     fields, arrow = {}, []
     for column, spark_type in zip(columns, types):
         t = arrow_type(spark_type)
@@ -139,14 +154,15 @@ def _row_checker(columns: tuple[str, ...], types: tuple[str, ...], timestamps: b
 
 
 def exact_json(lines: pa.Table, fmt: str, columns: tuple[str, ...], types: tuple[str, ...],
-               zone: str | None = None) -> pa.Table | None:
+               zone: str | None = None, dates: bool = False) -> pa.Table | None:
     """``parse_json``'s records of ``lines`` (``value``: a line, ``file``: its file) in
     ``fmt``, computed here when Spark's reading of every line is certain (module docstring);
-    None otherwise, or above ``EXACT_LINES`` lines (never made Python objects). ``zone``:
-    the session's time zone (None: unknown, TIMESTAMP columns are left to Spark)."""
+    None otherwise, or above ``EXACT_LINES`` lines (never made Python objects). ``zone``,
+    ``dates``: how the session reads time strings (``local_frames.session_times``; None and
+    False: unknown, TIMESTAMP and DATE columns are left to Spark)."""
     import pyarrow as pa
 
-    made = _row_checker(columns, types, timestamps=zone in UTC_ZONES) \
+    made = _row_checker(columns, types, timestamps=zone in UTC_ZONES, dates=dates) \
         if lines.num_rows <= EXACT_LINES else None
     if made is None:
         return None

@@ -27,11 +27,11 @@ if TYPE_CHECKING:
 COLLECT_ROWS = 2000  # measured: collecting 10K rows as Python objects took ~0.25 s
 
 __all__ = ["local_frame", "collect_arrow", "arrow_schema", "arrow_type", "COLLECT_ROWS",
-           "session_zone"]
+           "session_times"]
 
 _SETTINGS = ("spark.sql.session.timeZone", "spark.sql.timestampType",
              "spark.sql.execution.arrow.useLargeVarTypes",
-             "spark.sql.execution.arrow.maxRecordsPerBatch")
+             "spark.sql.execution.arrow.maxRecordsPerBatch", "spark.sql.legacy.timeParserPolicy")
 _LOCAL_RELATION = "spark.sql.execution.arrow.localRelationThreshold"
 _settings: dict[int, tuple[Any, ...]] = {}
 _lock = threading.Lock()
@@ -43,19 +43,23 @@ def _session_settings(spark: SparkSession) -> tuple[Any, ...]:
     key = id(spark._jsparkSession)
     settings = _settings.get(key)
     if settings is None:
-        tz, ts_type, large, batch = (spark.conf.get(k) for k in _SETTINGS)
+        tz, ts_type, large, batch, parser = (spark.conf.get(k) for k in _SETTINGS)
         settings = _settings[key] = (tz, ts_type == "TIMESTAMP_NTZ", large == "true",
-                                     int(batch), spark.sparkContext.defaultParallelism)
+                                     int(batch), spark.sparkContext.defaultParallelism,
+                                     parser.upper() == "LEGACY")
     return settings
 
 
-def session_zone(spark: SparkSession) -> str | None:
-    """The time zone a TIMESTAMP column's wall-clock strings are read in: the session's
-    (``spark.sql.session.timeZone``), read once per session; None where the session's
-    TIMESTAMP has no zone (``spark.sql.timestampType`` TIMESTAMP_NTZ)."""
+def session_times(spark: SparkSession) -> tuple[str | None, bool]:
+    """How the session's JSON reader reads time strings, read once per session: the zone a
+    TIMESTAMP column's wall-clock strings are read in (``spark.sql.session.timeZone``;
+    None where its TIMESTAMP has no zone, ``spark.sql.timestampType`` TIMESTAMP_NTZ), and
+    whether DATE strings are read by the ISO calendar's rules. Both unknown (None, False)
+    under Spark's legacy parser (``spark.sql.legacy.timeParserPolicy`` LEGACY), which is
+    lenient: it reads ``2024-02-29T12:44:31.5Z`` as 5 milliseconds past the second."""
     with _lock:
-        tz, ntz, *_ = _session_settings(spark)
-    return None if ntz else tz
+        tz, ntz, *_, legacy = _session_settings(spark)
+    return (None if ntz or legacy else tz), not legacy
 
 
 def local_frame(spark: SparkSession, table: pa.Table) -> DataFrame:
@@ -64,7 +68,7 @@ def local_frame(spark: SparkSession, table: pa.Table) -> DataFrame:
     if convert is None:  # another PySpark: its public way
         return spark.createDataFrame(table)
     with _lock:
-        tz, ntz, large, batch, cores = _session_settings(spark)
+        tz, ntz, large, batch, cores, _ = _session_settings(spark)
         if table.num_rows <= COLLECT_ROWS:
             return convert(table, None, tz, ntz, large, batch)
         # As batches, one per core: the threshold is read when the frame is made, so it is

@@ -103,9 +103,51 @@ def test_timestamps_are_read_as_spark_reads_them_in_a_utc_session(spark, fmt):
 def test_a_session_without_zones_leaves_timestamps_to_spark(spark):
     """Where a session's TIMESTAMP is TIMESTAMP_NTZ, Spark's records have no zone: no zone is
     given to ``exact_json``, which then leaves TIMESTAMP columns to Spark."""
-    from octo_platform.local_frames import session_zone
+    from octo_platform.local_frames import session_times
 
-    assert session_zone(spark) == "UTC"
+    assert session_times(spark) == ("UTC", True)
     other = spark.newSession()
     other.conf.set("spark.sql.timestampType", "TIMESTAMP_NTZ")
-    assert session_zone(other) is None
+    assert session_times(other) == (None, True)
+
+
+# DATE strings Python reads as Spark does (in any zone), then others, left to Spark.
+DATES = ['{"day": "2024-02-29"}', '{"day": "1970-01-01"}', '{"day": "1969-12-31"}',
+         '{"day": "0001-01-01"}', '{"day": "9999-12-31"}', '{"day": null}', '{}']
+OTHER_DATES = ['{"day": "2023-02-29"}', '{"day": "2024-3-1"}', '{"day": "2024-03"}',
+               '{"day": "2024-03-01 10:00:00"}', '{"day": "2024-03-01T10:00"}',
+               '{"day": 19000}', '{"day": " 2024-03-01"}', '{"day": "0000-01-01"}',
+               '{"day": "+2024-03-01"}']
+
+
+@pytest.mark.parametrize("fmt", ["json", "debezium-json"])
+def test_dates_are_read_as_spark_reads_them(spark, fmt):
+    columns, types = ("id", "day"), ("BIGINT", "DATE")
+
+    def lines_of(lines):
+        return lines if fmt == "json" else [
+            f'{{"before": null, "after": {line}, "op": "c"}}' for line in lines]
+    lines = lines_of(DATES)
+    got = exact_json(table(lines), fmt, columns, types, dates=True)
+    assert got is not None and got.equals(spark_records(spark, lines, fmt, columns, types))
+    assert exact_json(table(lines), fmt, columns, types) is None  # how unknown
+    for line in lines_of(OTHER_DATES):
+        assert exact_json(table([*lines, line]), fmt, columns, types, dates=True) is None, line
+
+
+def test_the_legacy_parser_leaves_times_and_dates_to_spark(spark):
+    """Spark's legacy parser reads ``.5`` of a second as 5 milliseconds: under it, neither
+    TIMESTAMP nor DATE strings are read in Python."""
+    from octo_platform.local_frames import session_times
+
+    legacy = spark.newSession()
+    legacy.conf.set("spark.sql.legacy.timeParserPolicy", "LEGACY")
+    line = ['{"t": "2024-02-29T00:00:00.5Z", "day": "2024-02-29"}']
+    columns, types = ("t", "day"), ("TIMESTAMP", "DATE")
+    ours = spark_records(spark, line, "json", columns, types)
+    theirs = spark_records(legacy, line, "json", columns, types)
+    assert ours["t"] != theirs["t"]  # the reason
+    assert session_times(legacy) == (None, False)
+    assert exact_json(table(line), "json", columns, types, *session_times(legacy)) is None
+    assert exact_json(table(line), "json", columns, types,
+                      *session_times(spark)).equals(ours)
