@@ -167,57 +167,61 @@ def measure_batch_vs_state(spark: Any, workdir: Path, batch_events: int = 100_00
     """Time of one ``batch_events`` batch when octo's GROUP BY state already holds N keys.
 
     For each N: one priming file with N distinct auctions builds the state (not timed) and
-    the warehouse is kept; then, ``repeat`` times on a fresh copy of it, a run of one file
-    of ``batch_events`` bids over keys drawn from those N is timed (the run's reported
-    seconds of that batch; the median is the figure: one run each moved 2-4x on a noisy
-    machine), and so is a run of two such files' second batch (the state cache loaded).
-    Drawn with replacement, ``batch_events`` keys are fewer distinct ones the fewer keys
-    there are (100K draws: 63.2K distinct keys of 100K, 97.5K of 2M), so the larger state's
-    batch also changes more rows; a run of one file of ``batch_events`` distinct keys times
-    the same with the change held equal. The Spark jobs of a one-batch run are counted,
-    and, for the first N, those of a following run with nothing to do (the run's fixed
-    part).
+    the warehouse is kept. Then, ``repeat`` times, and each time for every N in turn (so a
+    machine whose speed drifts moves both sides of the ratio alike), on a fresh copy of
+    N's warehouse, a run of one file of ``batch_events`` bids over keys drawn from those N
+    is timed (the run's reported seconds of that batch; the median is the figure: one run
+    each moved 2-4x on a noisy machine), and so is a run of two such files' second batch
+    (the state cache loaded). Drawn with replacement, ``batch_events`` keys are fewer
+    distinct ones the fewer keys there are (100K draws: 63.2K distinct keys of 100K, 97.5K
+    of 2M), so the larger state's batch also changes more rows; a run of one file of
+    ``batch_events`` distinct keys times the same with the change held equal. The Spark jobs
+    of a one-batch run are counted, and, for the first N, those of a following run with
+    nothing to do (the run's fixed part).
     """
     rng = np.random.default_rng(7)
+    states = {n: PrimedState.make(spark, workdir / f"state-{n}", n, 3, batch_events, rng,
+                                  distinct=1) for n in state_keys}
+    first: dict[int, list[float]] = {n: [] for n in state_keys}
+    second: dict[int, list[float]] = {n: [] for n in state_keys}
+    equal: dict[int, list[float]] = {n: [] for n in state_keys}
     out: dict[str, Any] = {}
-    for n in state_keys:
-        state = PrimedState.make(spark, workdir / f"state-{n}", n, 3, batch_events, rng,
-                                 distinct=1)
-        project, warehouse, fresh = state.project, state.warehouse, state.fresh
-        first, second, equal = [], [], []
-        for _ in range(repeat):
+    for _ in range(repeat):
+        for n, state in states.items():
+            project, warehouse, fresh = state.project, state.warehouse, state.fresh
             fresh((1,))
             jobs, report = count_jobs(
                 spark, lambda: run_octo(spark, project, warehouse))  # noqa: B023
             secs = batch_seconds(report)
             if len(secs) != 1:
                 raise RuntimeError(f"expected one batch, the run reported {len(secs)}")
-            first.append(secs[0])
+            first[n].append(secs[0])
+            out[f"jobs_one_batch_run_{n}_keys"] = jobs
+            out[f"runtime_jobs_{n}_keys"] = batch_jobs(report)
             fresh((2, 3))
-            second.append(batch_seconds(run_octo(spark, project, warehouse))[-1])
+            second[n].append(batch_seconds(run_octo(spark, project, warehouse))[-1])
             fresh((4,))
-            equal.append(batch_seconds(run_octo(spark, project, warehouse))[0])
-        out[f"batch_s_with_{n}_keys"] = round(statistics.median(first), 3)
-        out[f"distinct_batch_s_with_{n}_keys"] = round(statistics.median(equal), 3)
-        out[f"distinct_batch_s_runs_{n}_keys"] = [round(x, 3) for x in equal]
-        out[f"batch_s_runs_{n}_keys"] = [round(x, 3) for x in first]
-        out[f"jobs_one_batch_run_{n}_keys"] = jobs
-        out[f"runtime_jobs_{n}_keys"] = batch_jobs(report)
-        log(f"[state] {batch_events} events over {n} keys: {statistics.median(first):.2f}s "
-            f"(median of {', '.join(f'{x:.2f}' for x in first)}), {jobs} Spark jobs")
-        if n == state_keys[0]:
-            fresh((1,))
-            run_octo(spark, project, warehouse)
-            idle, report = count_jobs(
-                spark, lambda: run_octo(spark, project, warehouse))  # noqa: B023
-            out["jobs_idle_run"] = idle
-            out["idle_run_batches"] = len(batch_seconds(report))
-        out[f"next_batch_s_with_{n}_keys"] = round(statistics.median(second), 3)
-        log(f"[state] the next batch of a run over {n} keys: {statistics.median(second):.2f}s "
-            f"(median of {', '.join(f'{x:.2f}' for x in second)})")
-        log(f"[state] {batch_events} distinct keys over {n} keys: "
-            f"{statistics.median(equal):.2f}s (median of "
-            f"{', '.join(f'{x:.2f}' for x in equal)})")
+            equal[n].append(batch_seconds(run_octo(spark, project, warehouse))[0])
+    idle_state = states[state_keys[0]]
+    idle_state.fresh((1,))
+    run_octo(spark, idle_state.project, idle_state.warehouse)
+    idle, report = count_jobs(
+        spark, lambda: run_octo(spark, idle_state.project, idle_state.warehouse))
+    out["jobs_idle_run"] = idle
+    out["idle_run_batches"] = len(batch_seconds(report))
+    for n in state_keys:
+        out[f"batch_s_with_{n}_keys"] = round(statistics.median(first[n]), 3)
+        out[f"distinct_batch_s_with_{n}_keys"] = round(statistics.median(equal[n]), 3)
+        out[f"distinct_batch_s_runs_{n}_keys"] = [round(x, 3) for x in equal[n]]
+        out[f"batch_s_runs_{n}_keys"] = [round(x, 3) for x in first[n]]
+        out[f"next_batch_s_with_{n}_keys"] = round(statistics.median(second[n]), 3)
+        for label, runs in ((f"{batch_events} events over {n} keys", first[n]),
+                            (f"the next batch of a run over {n} keys", second[n]),
+                            (f"{batch_events} distinct keys over {n} keys", equal[n])):
+            log(f"[state] {label}: {statistics.median(runs):.2f}s (median of "
+                f"{', '.join(f'{x:.2f}' for x in runs)})")
+        log(f"[state] a one-batch run over {n} keys: "
+            f"{out[f'jobs_one_batch_run_{n}_keys']} Spark jobs")
     return out
 
 
