@@ -54,7 +54,10 @@ WITH (connector = 'files', path = 'data/clicks', format = 'json', max_files_per_
 CREATE STREAMING TABLE per_user AS SELECT u, COUNT(*) AS clicks, SUM(n) AS total
 FROM clicks GROUP BY u;
 """
-CLICK_FILES = 6  # one batch each: the run is killed after its first
+# One batch each: the run is killed after its first. Enough that it cannot finish the rest
+# (~0.1 s a batch on the driver path) while the test sees the first in the event log and
+# kills it (0.3-1 s): with 6 it once committed all six first, and its retry had none to do.
+CLICK_FILES = 40
 ROWS = [{"id": i, "k": i % 3, "v": i, "ts": f"2026-11-0{1 + i % 2} 12:00:00"}
         for i in range(10)]  # k=0: 4 rows, k=1, k=2: 3 rows; 5 rows on each of two days
 
@@ -364,7 +367,9 @@ def test_dagster_dev_serves_the_graph_and_materializes_through_graphql(tmp_path,
         messages = wait_for_run(url, retry, log)
         assert not any(m.startswith("[per_user] batch 0:") for m in messages), \
             "a committed batch is not redone"
-        assert any(m.startswith(f"[per_user] batch {CLICK_FILES - 1}:") for m in messages)
+        assert any(m.startswith(f"[per_user] batch {CLICK_FILES - 1}:") for m in messages), \
+            ("the retry ran no last batch: was the run killed after it?",
+             [m for m in run_messages(url, killed_id) if m.startswith("[per_user] batch")])
         # meanwhile the daemon marked the backfill finished, its one run still its only one
         backfill, runs = backfill_runs(done=True)
         assert backfill["status"] == "COMPLETED_SUCCESS" and len(runs) == 1, backfill
