@@ -85,25 +85,13 @@ def _scalar(kind: str) -> Callable[[Any], Any]:
         return number
     if kind == "timestamp":
         def instant(v: Any) -> Any:
-            found = _TIMESTAMP.fullmatch(v) if type(v) is str else None
-            if found is None:
-                raise _Unsure("not a timestamp string of the plain form")
-            *parts, fraction = found.groups()
-            try:
-                at = datetime(*map(int, parts), int((fraction or "0").ljust(6, "0")))
-            except ValueError as e:  # no such date or time: Spark gives its reason
-                raise _Unsure("not a valid date and time") from e
+            *parts, fraction = _plain(_TIMESTAMP, v, "timestamp")
+            at = _real(*map(int, parts), int((fraction or "0").ljust(6, "0")))
             return (at - _EPOCH) // _MICRO
         return instant
     if kind == "date":
         def day(v: Any) -> Any:
-            found = _DATE.fullmatch(v) if type(v) is str else None
-            if found is None:
-                raise _Unsure("not a date string of the plain form")
-            try:
-                return (datetime(*map(int, found.groups())) - _EPOCH).days
-            except ValueError as e:  # no such date: Spark gives its reason
-                raise _Unsure("not a valid date") from e
+            return (_real(*map(int, _plain(_DATE, v, "date"))) - _EPOCH).days
         return day
     wanted = {"string": str, "bool": bool}[kind]
 
@@ -112,6 +100,22 @@ def _scalar(kind: str) -> Callable[[Any], Any]:
             raise _Unsure(f"not a {kind}")
         return v
     return same
+
+
+def _plain(pattern: re.Pattern[str], v: Any, what: str) -> tuple[str, ...]:
+    """The groups of ``pattern`` matching all of the string ``v``."""
+    found = pattern.fullmatch(v) if type(v) is str else None
+    if found is None:
+        raise _Unsure(f"not a {what} string of the plain form")
+    return found.groups()
+
+
+def _real(*parts: int) -> datetime:
+    """The date and time of ``parts``, if there is one."""
+    try:
+        return datetime(*parts)
+    except ValueError as e:  # no such date or time: Spark gives its reason
+        raise _Unsure("not a valid date and time") from e
 
 
 def _struct(fields: dict[str, Callable[[Any], Any]]) -> Callable[[Any], Any]:

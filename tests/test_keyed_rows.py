@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import math
 import random
+import sys
 from decimal import Decimal
 
 import numpy as np
@@ -128,7 +129,7 @@ def test_an_index_sorts_hashes_by_their_top_bits_and_position_then_fixes_ties(n)
     assert (hashes[order] >> np.uint64(32) == tops).all()
 
 
-@pytest.mark.skipif(not hasattr(__import__("os"), "setpriority"), reason="no thread priorities")
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="thread priorities: Linux")
 def test_kept_rows_are_sorted_at_idle_priority_and_a_search_does_not_wait_for_it():
     """The background sorts take the cores the batches leave idle (nice 19 on Linux); a
     search that needs an index not yet sorted sorts it itself rather than wait."""

@@ -21,7 +21,9 @@ all rows per lookup: still correct, O(state).
 """
 from __future__ import annotations
 
+import contextlib
 import os
+import sys
 import threading
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
@@ -47,12 +49,12 @@ _TOP = np.uint64(32)
 
 
 def _idle_priority() -> None:
-    """Run the calling thread at the lowest CPU priority (Linux: a thread is a task), so a
-    sort kept for later takes the cores the batches leave idle, not theirs."""
-    try:
-        os.setpriority(os.PRIO_PROCESS, threading.get_native_id(), 19)
-    except (AttributeError, OSError):  # not Linux: it sorts at the process's priority
-        pass
+    """Run the calling thread at the lowest CPU priority, so a sort kept for later takes the
+    cores the batches leave idle, not theirs. Linux only (a thread is a task there, with a
+    priority of its own); elsewhere it sorts at the process's priority."""
+    if sys.platform.startswith("linux"):
+        with contextlib.suppress(OSError):
+            os.setpriority(os.PRIO_PROCESS, threading.get_native_id(), 19)
 
 
 _INDEXER = ThreadPoolExecutor(1, thread_name_prefix="octo-index",  # sorts runs kept for later
