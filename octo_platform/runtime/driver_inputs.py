@@ -174,10 +174,9 @@ def on_time(records: pa.Table, sdef: Any, before: int | None) -> pa.Table | None
     makes them dead letters, with Spark's text of the time in the reason)."""
     wm = sdef.watermark
     if sdef.format == "debezium-json":  # a change event's time: as ``time_sql`` takes it
-        images = {side: records[side].combine_chunks() for side in ("before", "after")}
-        (name,) = [f.name for f in images["after"].type if f.name.lower() == wm.column.lower()]
-        times = pc.if_else(pc.equal(records["op"], "d"), images["before"].field(name),
-                           images["after"].field(name))
+        (name,) = [f.name for f in records["after"].type if f.name.lower() == wm.column.lower()]
+        times = pc.if_else(pc.equal(records["op"], "d"), pc.struct_field(records["before"], name),
+                           pc.struct_field(records["after"], name))
     else:
         (name,) = [c for c in records.column_names if c.lower() == wm.column.lower()]
         times = records[name]
