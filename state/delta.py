@@ -71,6 +71,18 @@ def _open_input(storage_options: dict[str, str] | None, path: str,
     return handler.open_input_file(relative)
 
 
+def _arrow_fs(path: str) -> fs.FileSystem | None:
+    """Arrow's own filesystem rooted at a local table ``path`` (None for a remote one: then
+    delta-rs's). delta-rs reads through a Python filesystem by default, and Arrow's threads
+    take the GIL to drop their last reference to it; one that does so while the interpreter
+    exits aborts the process ("terminate called without an active exception", exit 134:
+    delta-rs#2184, apache/arrow#34314). A process that read a local table that way and
+    exited aborted 13 times in 20 here, `make demo` 2 in 5."""
+    if "://" in path:
+        return None
+    return fs.SubTreeFileSystem(os.path.abspath(path), fs.LocalFileSystem())
+
+
 def _nullable(table: pa.Table) -> pa.Table:
     """Mark every field nullable so batches whose nullability differs share one schema."""
 
@@ -255,12 +267,13 @@ class DeltaStore:
             return None
         files = self.data_files(path, version)
         if any(f["rows"] is None for f in files):  # a writer without statistics: count them
-            return self._open(path, version).to_pyarrow_dataset().count_rows()
+            return self._open(path, version).to_pyarrow_dataset(
+                filesystem=_arrow_fs(path)).count_rows()
         return sum(int(f["rows"]) for f in files)
 
     def read(self, path: str, version: int | None = None) -> pa.Table | None:
         dt = self._open(path, version)
-        return None if dt is None else dt.to_pyarrow_table()
+        return None if dt is None else dt.to_pyarrow_table(filesystem=_arrow_fs(path))
 
     def write(self, path: str, data: pa.Table, *, app_id: str, batch: int) -> int | None:
         """Append ``data`` (a small table built on the driver, e.g. a batch-log row) as batch
