@@ -146,6 +146,9 @@ def test_resources_are_chosen_from_the_environment(tmp_path):
     assert got["warehouse"].location(tmp_path) == "s3://bucket/wh"
     assert got["spark"].master == "spark://h:7077" and not got["spark"].quick_start
     assert WarehouseResource().location(tmp_path) == str(tmp_path.resolve() / "warehouse")
+    # a file: URI is the local path it names (delta-rs makes no table at a missing one)
+    assert WarehouseResource(path=f"file://{tmp_path}/my%20wh").location(tmp_path) == str(
+        tmp_path.resolve() / "my wh")
     # dagster-pyspark's resource, its spark_config beaten by conf
     spark = SparkResource(spark_config={"spark.a": 1, "spark.b": "x"}, conf={"spark.b": "y"})
     assert isinstance(spark, PySparkResource)

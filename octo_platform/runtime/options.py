@@ -10,6 +10,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable
+from urllib.parse import unquote, urlparse
 
 from octo_platform.project import DEFAULT_WAREHOUSE
 from octo_platform.runtime.environment import Environment
@@ -45,9 +46,14 @@ class RunOptions:
 
 
 def resolve_warehouse(project_root: Path, warehouse: str | None) -> str:
-    """The warehouse as an absolute path or a URI (default ``<project>/warehouse``)."""
+    """The warehouse as an absolute path or a URI (default ``<project>/warehouse``); a
+    ``file:`` URI as the path it names, so that it is read and written as local files
+    (delta-rs refuses to make a table at a ``file:`` URI whose directory is missing)."""
     if warehouse is None:
         return str(project_root / DEFAULT_WAREHOUSE)
+    parsed = urlparse(warehouse)
+    if parsed.scheme == "file" and parsed.netloc in ("", "localhost"):
+        return str(Path(unquote(parsed.path)).resolve())
     if "://" in warehouse:
         return warehouse.rstrip("/")
     return str(Path(warehouse).resolve())
