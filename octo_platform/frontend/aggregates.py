@@ -1,6 +1,7 @@
 """Binding of GROUP BY, HAVING and aggregate calls (a part of ``QueryBinder``)."""
 from __future__ import annotations
 
+import difflib
 from dataclasses import replace
 
 from sqlglot import exp
@@ -109,6 +110,9 @@ class AggregateBinding:
             if text in key_sql:
                 return exp.column(f"_g{key_sql.index(text)}", quoted=True)
             if isinstance(n, exp.Column):
+                call = n.find_ancestor(exp.Anonymous)  # a function sqlglot does not know
+                if call is not None:  # e.g. a misspelt aggregate
+                    raise self.error(_not_aggregate(call, n), call)
                 raise self.error(f"column {n.sql(DIALECT)!r} must appear in GROUP BY or be "
                                  "used in an aggregate", n)
             return None
@@ -229,3 +233,14 @@ def expand_distinct(pre: Node, keys: tuple[str, ...], calls: tuple[AggCall, ...]
                       keys=keys, aggs=tuple(finals))
     return Project((*keys, *names), input=outer,
                    exprs=(*(quote(k) for k in keys), *outs))
+
+
+def _not_aggregate(call: exp.Anonymous, column: exp.Column) -> str:
+    """The error of an ungrouped ``column`` inside ``call``, a function octo does not know
+    as an aggregate (Spark may know it as a scalar function)."""
+    name = str(call.this)
+    close = difflib.get_close_matches(name.lower(), list(SUPPORTED_AGGS.values()), n=1)
+    hint = f" (did you mean {close[0].upper()}?)" if close else ""
+    return (f"{name}() is no aggregate octo knows{hint}: as a scalar function, its column "
+            f"{column.sql(DIALECT)!r} must appear in GROUP BY (aggregates: COUNT, SUM, AVG, "
+            "MIN, MAX, COUNT(DISTINCT))")
