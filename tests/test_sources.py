@@ -174,3 +174,19 @@ def test_a_batch_over_the_driver_bytes_runs_on_the_spark_path(spark, tmp_path, m
     report = run_tables(spark, root, options=default_options(progress=None), until_idle=True)
     assert [b.path for b in report.batches] == ["driver", "spark", "driver"]
     assert sorted(n for _, n in current(root / "warehouse", "per_name")) == [42, 44, 44]
+
+
+def test_a_source_whose_path_does_not_exist_is_named_and_read_once_it_does(spark, tmp_path):
+    (tmp_path / "sql").mkdir()
+    (tmp_path / "sql" / "t.sql").write_text(
+        "CREATE SOURCE j (id BIGINT) WITH (connector = 'files', path = 'data/j', "
+        "format = 'json');\nCREATE STREAMING TABLE ids AS SELECT id FROM j;\n")
+    said: list[str] = []
+    report = run_tables(spark, tmp_path, options=default_options(progress=said.append))
+    missing = f"source j: {tmp_path.resolve() / 'data' / 'j'} does not exist (yet)"
+    assert [m for m in said if m.startswith(missing)] and not report.batches
+    (tmp_path / "data" / "j").mkdir(parents=True)
+    (tmp_path / "data" / "j" / "f.json").write_text('{"id": 1}\n')
+    said.clear()
+    report = run_tables(spark, tmp_path, options=default_options(progress=said.append))
+    assert not [m for m in said if "does not exist" in m] and len(report.batches) == 1

@@ -477,6 +477,9 @@ def run_tables(
     """
     proj, layout = open_project(project, options)
     tables = proj.order(names)
+    if options.progress is not None:
+        for line in _missing_paths(proj, tables):
+            options.progress(line)
     os.makedirs(layout.warehouse, exist_ok=True) if "://" not in layout.warehouse else None
     if not until_idle:
         _register(spark)
@@ -490,6 +493,16 @@ def run_tables(
         else:
             _run_continuously(queries, interval, deadline, options.progress)
     return report
+
+
+def _missing_paths(proj: Project, tables: list) -> list[str]:
+    """A line for each local ``files`` source of ``tables`` whose path does not exist: the
+    run reads nothing from it until it does, which a misspelt path would leave unseen."""
+    paths = {s.name: proj.source_path(s) for t in tables for src in t.physical.sources
+             if src.kind == "source" and (s := proj.source(src.name)).connector == "files"}
+    return [f"source {name}: {path} does not exist (yet): nothing to read from it until it "
+            "does" for name, path in paths.items() if "://" not in path
+            and not os.path.exists(path)]
 
 
 def publish_sink(spark: SparkSession, project: str | Path | Project, name: str, *,
