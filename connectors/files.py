@@ -16,7 +16,7 @@ from connectors import debezium
 from connectors.json_lines import exact_json
 from octo_platform.columns import WEIGHT
 from octo_platform.local_frames import arrow_type, local_frame, session_times
-from octo_platform.sqltext import quote
+from octo_platform.sqltext import quote, string
 
 if TYPE_CHECKING:
     import pyarrow as pa
@@ -188,9 +188,12 @@ def parse_json(lines: DataFrame, source: FileSource) -> Parsed:
         "value", "file",
         F.from_json("value", schema, {"mode": "PERMISSIVE",
                                       "columnNameOfCorruptRecord": "_corrupt"}).alias("j"))
+    mismatch = "'a value does not match the declared type'"
+    if source.format != "debezium-json":
+        mismatch = f"coalesce(nullif({_mismatched(source)}, ''), {mismatch})"
     bad_json = ("CASE WHEN j IS NULL OR j._corrupt IS NOT NULL THEN "
                 "CASE WHEN from_json(value, 'map<string,string>') IS NULL THEN 'malformed JSON' "
-                "ELSE 'a value does not match the declared type' END END")
+                f"ELSE {mismatch} END END")
     if source.format != "debezium-json":
         records = parsed.selectExpr("j.*", "value AS _raw", "file AS _file",
                                     f"{bad_json} AS _reason").drop("_corrupt")
@@ -203,6 +206,18 @@ def parse_json(lines: DataFrame, source: FileSource) -> Parsed:
     records = events.selectExpr("op", "before", "after", "_raw", "_file",
                                 f"coalesce(_json_reason, {debezium.validate()}) AS _reason")
     return Parsed(records, _rows(source))
+
+
+def _mismatched(source: FileSource) -> str:
+    """SQL naming the columns of a JSON record (``value``, parsed as ``j``) whose value
+    Spark could not read as the declared type (``column id: value does not match BIGINT``,
+    as a Parquet file's reason reads): present in the line, NULL in ``j``. Spark keeps the
+    columns it could read (its partial results)."""
+    line = "from_json(value, 'map<string,string>')"
+    return "concat_ws('; ', " + ", ".join(
+        f"CASE WHEN {line}[{string(c)}] IS NOT NULL AND j.{quote(c)} IS NULL THEN "
+        f"{string(f'column {c}: value does not match {t}')} END"
+        for c, t in zip(source.columns, source.types)) + ")"
 
 
 def _rows(source: FileSource) -> Callable[[DataFrame], DataFrame]:

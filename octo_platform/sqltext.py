@@ -16,7 +16,7 @@ from typing import TYPE_CHECKING, Sequence
 if TYPE_CHECKING:
     from pyspark.sql import Column
 
-__all__ = ["DIALECT", "quote", "unquote", "referenced_columns", "rename_columns", "and_",
+__all__ = ["DIALECT", "quote", "string", "unquote", "referenced_columns", "rename_columns", "and_",
            "sql_expr"]
 
 DIALECT = "spark"  # sqlglot's name for the SQL we parse and generate
@@ -35,6 +35,11 @@ _TOKEN = re.compile(
 def quote(name: str) -> str:
     """A Spark SQL identifier: ``quote("a`b") == "`a``b`"``."""
     return "`" + name.replace("`", "``") + "`"
+
+
+def string(value: str) -> str:
+    """A Spark SQL string literal (backslash escapes): ``string("it's") == r"'it\'s'"``."""
+    return "'" + value.replace("\\", "\\\\").replace("'", "\\'") + "'"
 
 
 def unquote(sql: str) -> str | None:

@@ -86,7 +86,7 @@ def test_formats_and_dead_letters(spark, tmp_path, monkeypatch, driver_rows):
     dead = DeltaTable(str(tmp_path / "warehouse/_dead_letters/all_rows")).to_pyarrow_table()
     reasons = Counter(zip(dead.column("source").to_pylist(), dead.column("reason").to_pylist()))
     assert reasons[("j", "malformed JSON")] == 1
-    assert reasons[("j", "a value does not match the declared type")] == 1
+    assert reasons[("j", "column id: value does not match BIGINT")] == 1
     assert reasons[("p", "column id: value does not fit BIGINT")] == 1
     assert reasons[("d", "missing before image for op=u")] == 1
     assert reasons[("d", "missing before image for op=d")] == 1
