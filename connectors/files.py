@@ -190,7 +190,8 @@ def parse_json(lines: DataFrame, source: FileSource) -> Parsed:
                                       "columnNameOfCorruptRecord": "_corrupt"}).alias("j"))
     mismatch = "'a value does not match the declared type'"
     if source.format != "debezium-json":
-        mismatch = f"coalesce(nullif({_mismatched(source)}, ''), {mismatch})"
+        line = "from_json(value, 'map<string,string>')"
+        mismatch = f"coalesce(nullif({_mismatched(source, line, 'j.')}, ''), {mismatch})"
     bad_json = ("CASE WHEN j IS NULL OR j._corrupt IS NOT NULL THEN "
                 "CASE WHEN from_json(value, 'map<string,string>') IS NULL THEN 'malformed JSON' "
                 f"ELSE {mismatch} END END")
@@ -208,14 +209,14 @@ def parse_json(lines: DataFrame, source: FileSource) -> Parsed:
     return Parsed(records, _rows(source))
 
 
-def _mismatched(source: FileSource) -> str:
-    """SQL naming the columns of a JSON record (``value``, parsed as ``j``) whose value
-    Spark could not read as the declared type (``column id: value does not match BIGINT``,
-    as a Parquet file's reason reads): present in the line, NULL in ``j``. Spark keeps the
-    columns it could read (its partial results)."""
-    line = "from_json(value, 'map<string,string>')"
+def _mismatched(source: FileSource, fields: str, parsed: str = "") -> str:
+    """SQL naming the columns of a record whose value Spark could not read as the declared
+    type (``column id: value does not match BIGINT``, as a Parquet file's reason reads):
+    present in the record's ``fields`` (SQL of its values as text, by column name), NULL
+    where Spark parsed it (``parsed`` + the column). Spark keeps the columns it could read
+    (its partial results); '' when it names none."""
     return "concat_ws('; ', " + ", ".join(
-        f"CASE WHEN {line}[{string(c)}] IS NOT NULL AND j.{quote(c)} IS NULL THEN "
+        f"CASE WHEN {fields}[{string(c)}] IS NOT NULL AND {parsed}{quote(c)} IS NULL THEN "
         f"{string(f'column {c}: value does not match {t}')} END"
         for c, t in zip(source.columns, source.types)) + ")"
 
@@ -240,10 +241,16 @@ def _csv(spark: SparkSession, source: FileSource, files: list[str]) -> Parsed:
           .select("*", F.col("_metadata.file_path").alias("_file")))
     # Spark refuses queries that reference only the corrupt-record column of raw CSV; the
     # pipeline persists records before splitting them, which is what it asks for.
+    # A line's fields as text, to name those Spark could not read as their declared type
+    # (it keeps the others: NULL there, present here); else the line is malformed.
+    text = ", ".join(f"{quote(c)} STRING" for c in source.columns)
+    fields = (f"from_csv(_corrupt, {string(text)}, "
+              f"map('delimiter', {string(source.option('delimiter', ','))}))")
     records = df.selectExpr(
         *[quote(c) for c in source.columns], "_corrupt AS _raw", "_file",
-        "CASE WHEN _corrupt IS NOT NULL "
-        "THEN 'malformed CSV line or a value of the wrong type' END AS _reason")
+        f"CASE WHEN _corrupt IS NOT NULL THEN coalesce(nullif("
+        f"{_mismatched(source, fields)}, ''), "
+        "'malformed CSV line or a value of the wrong type') END AS _reason")
     return Parsed(records, lambda d: _weighted(d, source))
 
 

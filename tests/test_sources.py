@@ -87,6 +87,8 @@ def test_formats_and_dead_letters(spark, tmp_path, monkeypatch, driver_rows):
     reasons = Counter(zip(dead.column("source").to_pylist(), dead.column("reason").to_pylist()))
     assert reasons[("j", "malformed JSON")] == 1
     assert reasons[("j", "column id: value does not match BIGINT")] == 1
+    assert reasons[("c", "column id: value does not match BIGINT")] == 1
+    assert reasons[("c", "malformed CSV line or a value of the wrong type")] == 1  # too few
     assert reasons[("p", "column id: value does not fit BIGINT")] == 1
     assert reasons[("d", "missing before image for op=u")] == 1
     assert reasons[("d", "missing before image for op=d")] == 1
