@@ -188,13 +188,19 @@ def parse_json(lines: DataFrame, source: FileSource) -> Parsed:
         "value", "file",
         F.from_json("value", schema, {"mode": "PERMISSIVE",
                                       "columnNameOfCorruptRecord": "_corrupt"}).alias("j"))
-    mismatch = "'a value does not match the declared type'"
-    if source.format != "debezium-json":
-        line = "from_json(value, 'map<string,string>')"
-        mismatch = f"coalesce(nullif({_mismatched(source, line, 'j.')}, ''), {mismatch})"
+    text = "from_json({}, 'map<string,string>')"  # a JSON object's values as text
+
+    def image(side: str) -> str:  # a Debezium image's columns, at the top or in the payload
+        fields = text.format(f"coalesce(get_json_object(value, '$.payload.{side}'), "
+                             f"get_json_object(value, '$.{side}'))")
+        return _mismatches(source, fields, lambda c: "CASE WHEN j.payload IS NOT NULL THEN "
+                           f"j.payload.{side}.{c} ELSE j.{side}.{c} END", f"{side}.")
+    named = _named([*image("before"), *image("after")] if source.format == "debezium-json"
+                   else _mismatches(source, text.format("value"), lambda c: f"j.{c}"),
+                   "a value does not match the declared type")
     bad_json = ("CASE WHEN j IS NULL OR j._corrupt IS NOT NULL THEN "
-                "CASE WHEN from_json(value, 'map<string,string>') IS NULL THEN 'malformed JSON' "
-                f"ELSE {mismatch} END END")
+                f"CASE WHEN {text.format('value')} IS NULL THEN 'malformed JSON' "
+                f"ELSE {named} END END")
     if source.format != "debezium-json":
         records = parsed.selectExpr("j.*", "value AS _raw", "file AS _file",
                                     f"{bad_json} AS _reason").drop("_corrupt")
@@ -209,16 +215,22 @@ def parse_json(lines: DataFrame, source: FileSource) -> Parsed:
     return Parsed(records, _rows(source))
 
 
-def _mismatched(source: FileSource, fields: str, parsed: str = "") -> str:
-    """SQL naming the columns of a record whose value Spark could not read as the declared
-    type (``column id: value does not match BIGINT``, as a Parquet file's reason reads):
-    present in the record's ``fields`` (SQL of its values as text, by column name), NULL
-    where Spark parsed it (``parsed`` + the column). Spark keeps the columns it could read
-    (its partial results); '' when it names none."""
-    return "concat_ws('; ', " + ", ".join(
-        f"CASE WHEN {fields}[{string(c)}] IS NOT NULL AND {parsed}{quote(c)} IS NULL THEN "
-        f"{string(f'column {c}: value does not match {t}')} END"
-        for c, t in zip(source.columns, source.types)) + ")"
+def _mismatches(source: FileSource, fields: str, parsed: Callable[[str], str],
+                label: str = "") -> list[str]:
+    """SQL per column, naming it where a record's value could not be read as the declared
+    type (``column id: value does not match BIGINT``, as a Parquet file's reason reads;
+    ``label`` before the column's name), else NULL: present in the record's ``fields`` (SQL
+    of its values as text, by column name), NULL where Spark parsed it (``parsed(column)``;
+    Spark keeps the columns it could read: its partial results)."""
+    return [f"CASE WHEN {fields}[{string(c)}] IS NOT NULL AND {parsed(quote(c))} IS NULL "
+            f"THEN {string(f'column {label}{c}: value does not match {t}')} END"
+            for c, t in zip(source.columns, source.types)]
+
+
+def _named(mismatches: list[str], otherwise: str) -> str:
+    """SQL of a bad record's reason: the ``mismatches`` that name a column, else
+    ``otherwise``."""
+    return f"coalesce(nullif(concat_ws('; ', {', '.join(mismatches)}), ''), {string(otherwise)})"
 
 
 def _rows(source: FileSource) -> Callable[[DataFrame], DataFrame]:
@@ -246,11 +258,11 @@ def _csv(spark: SparkSession, source: FileSource, files: list[str]) -> Parsed:
     text = ", ".join(f"{quote(c)} STRING" for c in source.columns)
     fields = (f"from_csv(_corrupt, {string(text)}, "
               f"map('delimiter', {string(source.option('delimiter', ','))}))")
+    reason = _named(_mismatches(source, fields, lambda c: c),
+                    "malformed CSV line or a value of the wrong type")
     records = df.selectExpr(
         *[quote(c) for c in source.columns], "_corrupt AS _raw", "_file",
-        f"CASE WHEN _corrupt IS NOT NULL THEN coalesce(nullif("
-        f"{_mismatched(source, fields)}, ''), "
-        "'malformed CSV line or a value of the wrong type') END AS _reason")
+        f"CASE WHEN _corrupt IS NOT NULL THEN {reason} END AS _reason")
     return Parsed(records, lambda d: _weighted(d, source))
 
 

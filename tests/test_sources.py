@@ -69,13 +69,15 @@ def test_formats_and_dead_letters(spark, tmp_path, monkeypatch, driver_rows):
         {"before": None, "after": {"id": 5, "name": "e", "amount": 5.0}, "op": "u"},
         {"before": None, "after": None, "op": "d"},
         {"before": None, "after": {"id": 6}, "op": "t"},
+        {"payload": {"before": None, "after": {"id": "x", "name": "f", "amount": 6.0},
+                     "op": "c"}},
     ]
     (tmp_path / "data/d/1.json").write_text("\n".join(json.dumps(e) for e in events) + "\n")
 
     options = default_options(progress=None, **({} if driver_rows is None else
                                                 {"driver_rows": driver_rows}))
     report = run_tables(spark, tmp_path, options=options, until_idle=True)
-    assert report.dead_letters == 2 + 2 + 1 + 3 + 3  # j, c, p, d; d feeds two tables
+    assert report.dead_letters == 2 + 2 + 1 + 4 + 4  # j, c, p, d; d feeds two tables
     assert not missed, f"{len(missed)} inputs' counts did not come with their job"
 
     got = current(tmp_path / "warehouse", "all_rows")
@@ -93,6 +95,7 @@ def test_formats_and_dead_letters(spark, tmp_path, monkeypatch, driver_rows):
     assert reasons[("d", "missing before image for op=u")] == 1
     assert reasons[("d", "missing before image for op=d")] == 1
     assert reasons[("d", "unsupported op t")] == 1
+    assert reasons[("d", "column after.id: value does not match BIGINT")] == 1, reasons
     assert all(f.startswith("file:") for f in dead.column("source_file").to_pylist())
     assert set(dead.column("batch_id").to_pylist()) == {0}
 
