@@ -38,7 +38,8 @@ from octo_platform.runtime.options import RunOptions, resolve_warehouse
 from octo_platform.runtime.pipeline import Pipeline
 from octo_platform.runtime.stats import BatchStats
 from octo_platform.runtime.publish import RECOMPUTED, recompute_diff
-from octo_platform.runtime.runner import RunReport, lock_tables, open_project, run_tables
+from octo_platform.runtime.locks import lock_tables
+from octo_platform.runtime.runner import RunReport, open_project, run_tables
 
 if TYPE_CHECKING:
     from pyspark.sql import SparkSession

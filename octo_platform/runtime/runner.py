@@ -24,7 +24,6 @@ Spark's hard-coded 10 s, and on a loaded machine several starting at once miss i
 """
 from __future__ import annotations
 
-import fcntl
 import json
 import os
 import re
@@ -32,14 +31,14 @@ import shutil
 import threading
 import time
 import uuid
-from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING, Callable, Iterator
+from typing import TYPE_CHECKING, Callable
 
 from octo_platform.errors import OctoError, RunError
 from octo_platform.project import Project, load_project
 from octo_platform.runtime.layout import Layout
+from octo_platform.runtime.locks import lock_tables
 from octo_platform.runtime.offsets import available, next_inputs
 from octo_platform.runtime.options import RunOptions
 from octo_platform.runtime.pipeline import Pipeline, collecting_new_objects
@@ -49,7 +48,7 @@ from octo_platform.runtime.sinks import SinkRunner, SinkStats
 if TYPE_CHECKING:
     from pyspark.sql import DataFrame, SparkSession
 
-__all__ = ["run_tables", "publish_sink", "RunReport", "lock_tables", "open_project"]
+__all__ = ["run_tables", "publish_sink", "RunReport", "open_project"]
 
 
 @dataclass
@@ -70,38 +69,6 @@ def open_project(project: str | Path | Project, options: RunOptions) -> tuple[Pr
     """The project (loaded unless given) and its warehouse layout."""
     proj = project if isinstance(project, Project) else load_project(project)
     return proj, options.layout(proj.root)
-
-
-class _Lock:
-    """An exclusive lock per table, so two runs never write the same table at once."""
-
-    def __init__(self, layout: Layout, table: str) -> None:
-        path = Path(layout.internal(table))
-        path.mkdir(parents=True, exist_ok=True)
-        self.fh = open(path / "lock", "w")
-        try:
-            fcntl.flock(self.fh, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except BlockingIOError:
-            self.fh.close()
-            raise RunError(f"streaming table {table!r} is being run by another process "
-                           f"(lock {path / 'lock'})") from None
-
-    def release(self) -> None:
-        fcntl.flock(self.fh, fcntl.LOCK_UN)
-        self.fh.close()
-
-
-@contextmanager
-def lock_tables(layout: Layout, tables: list[str]) -> Iterator[None]:
-    """Hold every table's lock (fails at once if another process holds one)."""
-    locks: list[_Lock] = []
-    try:
-        for t in tables:
-            locks.append(_Lock(layout, t))
-        yield
-    finally:
-        for lock in locks:
-            lock.release()
 
 
 class _Query:
