@@ -176,8 +176,13 @@ def test_a_batch_over_the_driver_bytes_runs_on_the_spark_path(spark, tmp_path, m
         pq.write_table(pa.Table.from_pylist(rows), root / f"data/p/{i}.parquet",
                        compression="zstd")
     assert (root / "data/j/1.json").stat().st_size > 2000
-    report = run_tables(spark, root, options=default_options(progress=None), until_idle=True)
+    said: list[str] = []
+    report = run_tables(spark, root, options=default_options(progress=said.append),
+                        until_idle=True)
     assert [b.path for b in report.batches] == ["driver", "spark", "driver"]
+    # a long batch is announced before it runs (its line comes when it is committed)
+    assert [m.split(":")[0] for m in said if m.startswith("[per_name] ")][:3] == [
+        "[per_name] batch 0", "[per_name] running batch 1 as Spark jobs", "[per_name] batch 1"]
     assert sorted(n for _, n in current(root / "warehouse", "per_name")) == [42, 44, 44]
 
 

@@ -41,6 +41,7 @@ from octo_platform.runtime.layout import Layout, ScratchLayout
 from octo_platform.runtime.metrics import JobCounter
 from octo_platform.runtime.offsets import BatchLog, source_key
 from octo_platform.runtime.operators import BatchContext, evaluate
+from octo_platform.runtime.operators.arrow import DRIVER_BYTES
 from octo_platform.runtime.publish import RECOMPUTED, publish_recomputed
 from octo_platform.runtime.sink import encode, update_current, write_batch
 from octo_platform.runtime.sinks import SinkRunner, SinkStats
@@ -198,6 +199,7 @@ class Pipeline:
         try:
             versions = None
             rows = input_rows(self, inputs, self.driver_rows) if self.driver_rows else None
+            large = bool(self.driver_rows) and rows is None  # over the driver's bounds
             if rows is not None and not self.driver_holds(state_log, pinned):
                 rows = None
             if rows is not None:
@@ -214,6 +216,11 @@ class Pipeline:
                     # of the driver path, before anything was written): the Spark path
                     # writes them from executors.
             if versions is None:
+                if large and self.progress:  # its line comes when it is committed
+                    self.progress(f"[{self.name}] running batch {batch} as Spark jobs: more "
+                                  f"than --driver-rows ({self.driver_rows:,}) rows or "
+                                  f"{DRIVER_BYTES >> 20} MiB in (or a remote input, not "
+                                  "counted ahead)")
                 observed = read_inputs(self, ctx, inputs, stats)
                 versions = self.spark_batch(ctx, pinned, ts_ms, stats, resumed=resumed)
                 settle_inputs(observed, stats, ctx.observed)
