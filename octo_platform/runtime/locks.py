@@ -32,6 +32,8 @@ def lock_path(layout: Layout, table: str) -> Path:
 
 
 class _Lock:
+    """One table's lock, held (``flock``) until ``release``."""
+
     def __init__(self, layout: Layout, table: str) -> None:
         path = lock_path(layout, table)
         path.parent.mkdir(parents=True, exist_ok=True)
