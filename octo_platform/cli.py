@@ -112,6 +112,8 @@ def _parser() -> argparse.ArgumentParser:
 
 def main(argv: list[str] | None = None) -> int:
     args = _parser().parse_args(argv)
+    if args.command in ("run", "backfill", "refresh", "demo"):
+        _quiet_query_context_logs()
     try:
         if args.command == "run":
             return _run(args)
@@ -143,6 +145,17 @@ def main(argv: list[str] | None = None) -> int:
         print(f"octo: error: {e}", file=sys.stderr)
         return 2
     return 2
+
+
+def _quiet_query_context_logs() -> None:
+    """PySpark logs every error of a SQL or DataFrame expression it raises as a JSON line
+    with the Java stack trace (its ``SQLQueryContextLogger`` and
+    ``DataFrameQueryContextLogger``), ~10 KB on stderr before octo's own one line, which
+    names the table: the CLI leaves the error to that line."""
+    from pyspark.logger import PySparkLogger
+
+    for name in ("SQLQueryContextLogger", "DataFrameQueryContextLogger"):
+        PySparkLogger.getLogger(name).disabled = True
 
 
 def _session(args: argparse.Namespace) -> SparkSession:

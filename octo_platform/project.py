@@ -7,9 +7,9 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TypeVar
+from typing import Callable, TypeVar
 
-from octo_platform.errors import CatalogError, OctoError
+from octo_platform.errors import CatalogError, OctoError, SqlError
 from octo_platform.frontend.binder import Catalog, build_catalog
 from octo_platform.frontend.definitions import SinkDef, SourceDef, TableDef
 from octo_platform.frontend.parser import Statement, parse_sql
@@ -55,6 +55,22 @@ class Project:
         """The sinks publishing ``table``'s changelog, by name."""
         return sorted((s for s in self.sinks.values() if s.table.lower() == table.lower()),
                       key=lambda s: s.name.lower())
+
+    def check_functions(self, exists: Callable[[str], bool]) -> None:
+        """Fail (``SqlError``, at the call) on a call of a function Spark does not have,
+        before anything runs: ``exists`` is the session's ``catalog.functionExists`` (a
+        session's own functions count). The binder knows most of Spark's functions; only
+        the others are asked about, once each."""
+        asked: dict[str, bool] = {}
+        for name, where in self.catalog.function_calls():
+            if "." in name:  # a qualified name: Spark resolves it
+                continue
+            key = name.lower()
+            if key not in asked:
+                asked[key] = exists(name)
+            if not asked[key]:
+                raise SqlError(f"unknown function {name}(): Spark has no function of that "
+                               "name (nor has the session one)", where)
 
     def source(self, name: str) -> SourceDef:
         return self.catalog.sources[name.lower()]

@@ -190,3 +190,21 @@ def test_run_until_idle_with_spark_conf_then_continuous_with_ctrl_c(tmp_path):
         proc.kill() if proc.poll() is None else None
     assert proc.returncode == 0, seen + out
     assert "interrupted: stopping" in out
+
+
+def test_the_cli_leaves_a_spark_error_to_its_own_line(spark, tmp_path, capfd):
+    """PySpark logs each error of a SQL expression it raises as a JSON line with the Java
+    stack trace (~10 KB) before octo's one line naming the table: the CLI's commands that
+    run Spark turn those logs off."""
+    from pyspark.errors import AnalysisException
+    from pyspark.logger import PySparkLogger
+
+    names = ("SQLQueryContextLogger", "DataFrameQueryContextLogger")
+    for name in names:  # as in a fresh process
+        PySparkLogger.getLogger(name).disabled = False
+    assert main(["run", "--all", "--project", str(tmp_path)]) == 2  # no sql/: before Spark
+    capfd.readouterr()
+    with pytest.raises(AnalysisException):
+        spark.sql("SELECT octo_no_such_function(1)").collect()
+    assert "QueryContextLogger" not in capfd.readouterr().err
+    assert all(PySparkLogger.getLogger(name).disabled for name in names)

@@ -96,3 +96,29 @@ def test_modes_and_keys(tmp_path):
     assert [t.name for t in project.order(["histogram"])] == ["histogram"]
     assert [t.name for t in project.order()].index("stats") < \
         [t.name for t in project.order()].index("histogram")
+
+
+def test_a_function_spark_does_not_have_fails_at_its_call_before_anything_runs(spark,
+                                                                               tmp_path):
+    """sqlglot knows neither ``crc32`` nor ``foo``: both bind; a run asks Spark about them
+    and fails at the call of the one it lacks, naming file, line and column, before it
+    writes anything (Spark's own error came at the first batch, without them)."""
+    from octo_platform.runtime.runner import run_tables
+    from octo_platform.wiring import default_options
+
+    text = ("CREATE SOURCE s (a BIGINT) WITH (connector='files', path='p', format='json');\n"
+            "CREATE VIEW v AS SELECT a, crc32(CAST(a AS STRING)) AS c FROM s;\n"
+            "CREATE STREAMING TABLE t AS\n"
+            "SELECT a, c, octo_test_nope(a) AS b FROM v;\n")
+    project = compile_text(tmp_path, text)
+    with pytest.raises(SqlError) as err:
+        run_tables(spark, tmp_path, options=default_options(progress=None))
+    loc = err.value.location
+    assert (loc.file, loc.line, loc.col) == ("sql/t.sql", 4, 14)
+    assert "unknown function octo_test_nope()" in str(err.value)
+    assert not (tmp_path / "warehouse").exists()
+    spark.udf.register("octo_test_nope", lambda a: a)  # a function of the session's own
+    try:
+        project.check_functions(spark.catalog.functionExists)
+    finally:
+        spark.sql("DROP TEMPORARY FUNCTION octo_test_nope")

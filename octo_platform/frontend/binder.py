@@ -9,7 +9,9 @@ from __future__ import annotations
 
 from dataclasses import replace
 
-from octo_platform.errors import CatalogError, SqlError
+from sqlglot import exp
+
+from octo_platform.errors import CatalogError, Location, SqlError
 from octo_platform.frontend.definitions import SinkDef, SourceDef, TableDef
 from octo_platform.frontend.options import sink_def, source_def, table_options
 from octo_platform.frontend.parser import SinkStmt, SourceStmt, Statement, TableStmt, ViewStmt
@@ -92,6 +94,13 @@ class Catalog:
 
     def tables(self) -> list[TableDef]:
         return [self.table(n) for n in self.table_names]
+
+    def function_calls(self) -> list[tuple[str, Location]]:
+        """Each call, in a view or a streaming table's query, of a function sqlglot does not
+        know (Spark may: ``Project.check_functions``), and where it is written."""
+        return [(call.name, stmt.file.location_of(call))
+                for stmt in [*self.views.values(), *self._table_stmts.values()]
+                for call in stmt.query.find_all(exp.Anonymous)]
 
     def sinks(self) -> list[SinkDef]:
         """Every ``CREATE SINK``, its table checked to be a streaming table (bound once)."""

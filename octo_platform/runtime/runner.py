@@ -444,6 +444,7 @@ def run_tables(
     """
     proj, layout = open_project(project, options)
     tables = proj.order(names)
+    proj.check_functions(spark.catalog.functionExists)
     if options.progress is not None:
         for line in _missing_paths(proj, tables):
             options.progress(line)
