@@ -106,10 +106,13 @@ def test_a_function_spark_does_not_have_fails_at_its_call_before_anything_runs(s
     from octo_platform.runtime.runner import run_tables
     from octo_platform.wiring import default_options
 
-    text = ("CREATE SOURCE s (a BIGINT) WITH (connector='files', path='p', format='json');\n"
+    text = ("CREATE SOURCE s (a BIGINT, ts TIMESTAMP) WITH (connector='files', path='p', "
+            "format='json');\n"
             "CREATE VIEW v AS SELECT a, crc32(CAST(a AS STRING)) AS c FROM s;\n"
             "CREATE STREAMING TABLE t AS\n"
-            "SELECT a, c, octo_test_nope(a) AS b FROM v;\n")
+            "SELECT a, c, octo_test_nope(a) AS b FROM v;\n"
+            "CREATE STREAMING TABLE w AS SELECT window_end, COUNT(*) AS n\n"
+            "FROM TUMBLE(s, ts, INTERVAL '1' MINUTE) GROUP BY window_start, window_end;\n")
     project = compile_text(tmp_path, text)
     with pytest.raises(SqlError) as err:
         run_tables(spark, tmp_path, options=default_options(progress=None))
@@ -117,7 +120,8 @@ def test_a_function_spark_does_not_have_fails_at_its_call_before_anything_runs(s
     assert (loc.file, loc.line, loc.col) == ("sql/t.sql", 4, 14)
     assert "unknown function octo_test_nope()" in str(err.value)
     assert not (tmp_path / "warehouse").exists()
-    spark.udf.register("octo_test_nope", lambda a: a)  # a function of the session's own
+    # a function of the session's own; TUMBLE in FROM is octo's, never asked about
+    spark.udf.register("octo_test_nope", lambda a: a)
     try:
         project.check_functions(spark.catalog.functionExists)
     finally:

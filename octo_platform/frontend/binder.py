@@ -97,10 +97,12 @@ class Catalog:
 
     def function_calls(self) -> list[tuple[str, Location]]:
         """Each call, in a view or a streaming table's query, of a function sqlglot does not
-        know (Spark may: ``Project.check_functions``), and where it is written."""
+        know (Spark may: ``Project.check_functions``), and where it is written; not the
+        window functions in FROM (``TUMBLE``, ``HOP``, ``SESSION``), which octo binds."""
         return [(call.name, stmt.file.location_of(call))
                 for stmt in [*self.views.values(), *self._table_stmts.values()]
-                for call in stmt.query.find_all(exp.Anonymous)]
+                for call in stmt.query.find_all(exp.Anonymous)
+                if not isinstance(call.parent, exp.Table)]
 
     def sinks(self) -> list[SinkDef]:
         """Every ``CREATE SINK``, its table checked to be a streaming table (bound once)."""
