@@ -9,7 +9,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING
 
 from octo_platform.columns import WEIGHT
-from octo_platform.sqltext import quote, sql_expr
+from octo_platform.sqltext import quote, sql_expr, string
 
 if TYPE_CHECKING:
     import pyarrow as pa
@@ -115,8 +115,7 @@ def encode_keyed(delta: DataFrame, columns: tuple[str, ...], pk: tuple[str, ...]
 
 
 def _envelope(events: DataFrame, *, table: str, batch: int, ts_ms: int) -> DataFrame:
-    name = table.replace("'", "''")
     return events.selectExpr(
         "op", "before", "after", f"CAST({int(ts_ms)} AS BIGINT) AS ts_ms",
-        f"named_struct('table', '{name}', 'batch_id', CAST({int(batch)} AS BIGINT), "
+        f"named_struct('table', {string(table)}, 'batch_id', CAST({int(batch)} AS BIGINT), "
         "'connector', 'octo') AS source")

@@ -17,7 +17,7 @@ from octo_platform.runtime.offsets import BatchLog, InputSpec, source_key
 from octo_platform.runtime.operators import BatchContext
 from octo_platform.runtime.operators.arrow import local_path
 from octo_platform.runtime.stats import BatchStats, iso_time, table_watermark
-from octo_platform.sqltext import quote
+from octo_platform.sqltext import quote, string
 
 if TYPE_CHECKING:
     from pyspark.sql import DataFrame
@@ -130,7 +130,7 @@ def read_inputs(pipe: TableRun, ctx: BatchContext, inputs: dict[str, Any],
         if got:
             ctx.dead_letters.append(records.filter("_reason IS NOT NULL").selectExpr(
                 "_raw AS raw", "_file AS source_file",
-                "'{}' AS source".format(src.name.replace("'", "''")), "_reason AS reason"))
+                f"{string(src.name)} AS source", "_reason AS reason"))
         if sdef.watermark is not None and pipe.table.physical.closes_windows:
             try:  # windows close in this batch: its watermark is needed before it runs:
                 if fsrc is None:  # from Parquet footers, or a job
@@ -168,13 +168,12 @@ def mark_late(records: DataFrame, sdef: SourceDef, before: int | None) -> tuple[
     wm = sdef.watermark
     assert wm is not None
     time = wm.time_sql(sdef.format == "debezium-json")
-    col = wm.column.replace("'", "''")
     late = "false" if before is None else f"{time} < timestamp_micros({before})"
     shown = "" if before is None else iso_time(before)
     reason = (f"CASE WHEN _reason IS NOT NULL THEN _reason "
-              f"WHEN {time} IS NULL THEN 'missing event time: {col} is null' "
-              f"WHEN {late} THEN concat('{LATE} {col} ', CAST({time} AS STRING), "
-              f"' is below the watermark {shown}') END")
+              f"WHEN {time} IS NULL THEN {string(f'missing event time: {wm.column} is null')} "
+              f"WHEN {late} THEN concat({string(f'{LATE} {wm.column} ')}, "
+              f"CAST({time} AS STRING), ' is below the watermark {shown}') END")
     columns = ("op, before, after" if sdef.format == "debezium-json"
                else ", ".join(quote(c) for c in sdef.columns))
     raw = f"coalesce(_raw, to_json(struct({columns})))"

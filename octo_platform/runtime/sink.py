@@ -14,7 +14,7 @@ from octo_platform.runtime.metrics import metrics, observe
 from octo_platform.runtime.operators import BatchContext, bucket_sql, consolidate
 from octo_platform.local_frames import arrow_schema
 from octo_platform.runtime.writes import Output, Written, write_outputs
-from octo_platform.sqltext import quote, sql_expr
+from octo_platform.sqltext import quote, sql_expr, string
 
 if TYPE_CHECKING:
     from pyspark.sql import DataFrame
@@ -176,9 +176,8 @@ def dead_letters(pipe: TableRun, dead: list[DataFrame], batch: int,
     table, committed only if there are any."""
     if not dead:
         return None
-    name = pipe.name.replace("'", "''")
     rows = reduce(lambda a, b: a.unionByName(b), dead).selectExpr(
-        "raw", "source_file", "source", "reason", f"'{name}' AS table",
+        "raw", "source_file", "source", "reason", f"{string(pipe.name)} AS table",
         f"CAST({batch} AS BIGINT) AS batch_id", f"CAST({ts_ms} AS BIGINT) AS ts_ms")
     return Output("dead_letters", pipe.layout.dead_letters(pipe.name), rows, if_any=True)
 
