@@ -17,7 +17,7 @@ rows: 0.4-0.6 s against 0.1-0.15 s; 10K rows: 0.16 s against 0.09 s).
 from __future__ import annotations
 
 import threading
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, NamedTuple
 
 if TYPE_CHECKING:
     import pyarrow as pa
@@ -33,20 +33,33 @@ _SETTINGS = ("spark.sql.session.timeZone", "spark.sql.timestampType",
              "spark.sql.execution.arrow.useLargeVarTypes",
              "spark.sql.execution.arrow.maxRecordsPerBatch", "spark.sql.legacy.timeParserPolicy")
 _LOCAL_RELATION = "spark.sql.execution.arrow.localRelationThreshold"
-_settings: dict[int, tuple[Any, ...]] = {}
 _lock = threading.Lock()
 
 
-def _session_settings(spark: SparkSession) -> tuple[Any, ...]:
+class _Settings(NamedTuple):
+    """A session's settings that local frames and time strings are read with."""
+
+    zone: str
+    ntz: bool  # TIMESTAMP is TIMESTAMP_NTZ
+    large: bool  # Arrow's large string and binary types
+    batch: int  # records per Arrow batch
+    cores: int
+    legacy: bool  # the legacy (lenient) time parser
+
+
+_settings: dict[int, _Settings] = {}
+
+
+def _session_settings(spark: SparkSession) -> _Settings:
     """The settings ``local_frame`` converts with, read once per session (call under
     ``_lock``)."""
     key = id(spark._jsparkSession)
     settings = _settings.get(key)
     if settings is None:
         tz, ts_type, large, batch, parser = (spark.conf.get(k) for k in _SETTINGS)
-        settings = _settings[key] = (tz, ts_type == "TIMESTAMP_NTZ", large == "true",
-                                     int(batch), spark.sparkContext.defaultParallelism,
-                                     parser.upper() == "LEGACY")
+        settings = _settings[key] = _Settings(
+            tz, ts_type == "TIMESTAMP_NTZ", large == "true", int(batch),
+            spark.sparkContext.defaultParallelism, parser.upper() == "LEGACY")
     return settings
 
 
@@ -58,8 +71,8 @@ def session_times(spark: SparkSession) -> tuple[str | None, bool]:
     under Spark's legacy parser (``spark.sql.legacy.timeParserPolicy`` LEGACY), which is
     lenient: it reads ``2024-02-29T12:44:31.5Z`` as 5 milliseconds past the second."""
     with _lock:
-        tz, ntz, *_, legacy = _session_settings(spark)
-    return (None if ntz or legacy else tz), not legacy
+        got = _session_settings(spark)
+    return (None if got.ntz or got.legacy else got.zone), not got.legacy
 
 
 def local_frame(spark: SparkSession, table: pa.Table) -> DataFrame:
@@ -68,15 +81,17 @@ def local_frame(spark: SparkSession, table: pa.Table) -> DataFrame:
     if convert is None:  # another PySpark: its public way
         return spark.createDataFrame(table)
     with _lock:
-        tz, ntz, large, batch, cores, _ = _session_settings(spark)
+        got = _session_settings(spark)
+        tz, ntz, large = got.zone, got.ntz, got.large
         if table.num_rows <= COLLECT_ROWS:
-            return convert(table, None, tz, ntz, large, batch)
+            return convert(table, None, tz, ntz, large, got.batch)
         # As batches, one per core: the threshold is read when the frame is made, so it is
         # set for this call only (under the lock: octo's other threads make frames here too).
         before = spark.conf.get(_LOCAL_RELATION)
         spark.conf.set(_LOCAL_RELATION, "0")
         try:
-            return convert(table, None, tz, ntz, large, -(-table.num_rows // max(cores, 1)))
+            return convert(table, None, tz, ntz, large,
+                           -(-table.num_rows // max(got.cores, 1)))
         finally:
             spark.conf.set(_LOCAL_RELATION, before)
 
