@@ -30,6 +30,7 @@ from octo_platform.logical.plan import (
     Window,
     transform,
 )
+from octo_platform.sqltext import DIALECT
 from octo_platform.timeunits import parse_span
 from octo_platform.logical.windows import closing_key, final_when_closed, window_bound
 
@@ -103,6 +104,32 @@ class Catalog:
                 for stmt in [*self.views.values(), *self._table_stmts.values()]
                 for call in stmt.query.find_all(exp.Anonymous)
                 if not isinstance(call.parent, exp.Table)]
+
+    def locate(self, table: str, function: str | None = None) -> Location:
+        """Where streaming table ``table`` is written; or the call of ``function`` in its
+        query and the views it reads, if there is exactly one (an error Spark raised about
+        an expression points there)."""
+        stmt = self._table_stmts[table.lower()]
+        if function:
+            calls = [(s.file, call) for s in [stmt, *self._views_read(stmt.query)]
+                     for call in s.query.find_all(exp.Func)
+                     if _call_name(call).lower() == function.lower()]
+            if len(calls) == 1:
+                file, call = calls[0]
+                return file.location_of(call, stmt.offset)
+        return stmt.file.location(stmt.offset)
+
+    def _views_read(self, query: exp.Query) -> list[ViewStmt]:
+        """The views ``query`` reads, and those they read (each once)."""
+        found: dict[str, ViewStmt] = {}
+        todo = [query]
+        while todo:
+            for t in todo.pop().find_all(exp.Table):
+                view = self.views.get(t.name.lower())
+                if view is not None and t.name.lower() not in found:
+                    found[t.name.lower()] = view
+                    todo.append(view.query)
+        return list(found.values())
 
     def sinks(self) -> list[SinkDef]:
         """Every ``CREATE SINK``, its table checked to be a streaming table (bound once)."""
@@ -198,6 +225,11 @@ def _state_ttl(catalog: Catalog, stmt: TableStmt, plan: Node) -> Node:
                        "the TTL", at)
     return transform(plan, lambda n: replace(n, ttl_us=ttl) if isinstance(n, (Aggregate, Join))
                      else n)  # the checks above: the final GROUP BY and inner joins only
+
+
+def _call_name(call: exp.Func) -> str:
+    """A call's function name as Spark SQL spells it (as Spark's errors name it)."""
+    return call.sql(dialect=DIALECT).split("(", 1)[0]
 
 
 def _walk(node: Node):
