@@ -129,10 +129,11 @@ def test_a_function_spark_does_not_have_fails_at_its_call_before_anything_runs(s
 
 
 def test_an_expression_spark_cannot_analyse_fails_when_the_run_starts(spark, tmp_path):
-    """Spark analyses each stateless stage over a table's sources (empty inputs of their
-    declared columns, no job) when a run starts: a type error fails it there, at the call
-    Spark names (here in a view the table reads) or at the statement, before anything is
-    written; joins, windows, unions and tables over tables pass."""
+    """Spark analyses each table's plan over empty inputs of its sources' declared columns
+    (no job) when a run starts: a type error fails it there, at the call Spark names (here
+    in a view the table reads; above a GROUP BY, a join, an upstream table) or at the
+    statement, before anything is written; joins, windows, unions and tables over tables
+    that are right pass."""
     from octo_platform.runtime.checks import check_expressions
     from octo_platform.runtime.runner import run_tables
     from octo_platform.wiring import default_options
@@ -145,23 +146,37 @@ def test_an_expression_spark_cannot_analyse_fails_when_the_run_starts(spark, tmp
             "CREATE STREAMING TABLE bad AS\n"
             "SELECT a, MAX(d) AS d FROM v GROUP BY a;\n"
             "CREATE STREAMING TABLE negated AS SELECT a FROM s WHERE NOT a;\n"
+            "CREATE STREAMING TABLE over_agg AS SELECT a, size(m) AS x\n"
+            "FROM (SELECT a, MAX(name) AS m FROM s GROUP BY a) q;\n"
+            "CREATE STREAMING TABLE over_join AS SELECT s.a, size(r.label) AS z\n"
+            "FROM s JOIN r ON s.a = r.a;\n"
             "CREATE STREAMING TABLE good AS SELECT s.a, upper(r.label) AS l, COUNT(*) AS n\n"
             "FROM s JOIN r ON s.a = r.a WHERE s.name LIKE 'x%' GROUP BY s.a, upper(r.label);\n"
+            "CREATE STREAMING TABLE over_good AS SELECT a, size(l) AS y FROM good;\n"
             "CREATE STREAMING TABLE w AS SELECT window_end, COUNT(*) AS n\n"
             "FROM TUMBLE(s, ts, INTERVAL '1' MINUTE) GROUP BY window_start, window_end;\n"
             "CREATE STREAMING TABLE u AS SELECT a FROM s UNION ALL SELECT a + 1 FROM r;\n"
-            "CREATE STREAMING TABLE above AS SELECT a, n * 2 AS m FROM good;\n")
+            "CREATE STREAMING TABLE above AS SELECT a, n * 2 AS m, lower(l) AS k FROM good\n"
+            "WHERE n > 1;\n")
     project = compile_text(tmp_path, text)
+
+    def at(needle: str) -> tuple[int, int]:
+        line = next(i for i, t in enumerate(text.splitlines(), 1) if needle in t)
+        return line, text.splitlines()[line - 1].index(needle) + 1
+
     with pytest.raises(SqlError) as err:
         run_tables(spark, tmp_path, names=["bad"], options=default_options(progress=None))
     loc = err.value.location
-    assert (loc.file, loc.line, loc.col) == ("sql/t.sql", 3, 28)
+    assert (loc.file, (loc.line, loc.col)) == ("sql/t.sql", at("date_add("))
     assert "streaming table bad: [DATATYPE_MISMATCH" in str(err.value)
     assert "date_add(ts, name)" in str(err.value) and "line 1 pos" not in str(err.value)
     assert "\n'" not in str(err.value)  # no plan
     assert not (tmp_path / "warehouse").exists()
-    with pytest.raises(SqlError) as err:  # an operator, no function: the statement
-        check_expressions(spark, project, project.order(["negated"]))
-    loc = err.value.location
-    assert (loc.line, loc.col) == (6, 1) and "streaming table negated:" in str(err.value)
+    for table, where in (("negated", at("CREATE STREAMING TABLE negated")),  # no call
+                         ("over_agg", at("size(m)")), ("over_join", at("size(r.label)")),
+                         ("over_good", at("size(l)"))):
+        with pytest.raises(SqlError) as err:
+            check_expressions(spark, project, project.order([table]))
+        loc = err.value.location
+        assert (loc.line, loc.col) == where and f"streaming table {table}:" in str(err.value)
     check_expressions(spark, project, project.order(["good", "w", "u", "above"]))

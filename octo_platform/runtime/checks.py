@@ -3,24 +3,27 @@
 octo binds names and checks what it maintains; what each expression means is Spark's (its
 functions, types and casts). An expression Spark cannot analyse, ``date_add(ts, name)`` with
 a STRING ``name``, would fail the first batch that has rows, maybe hours later, with a
-message about a generated query (``line 1 pos 0``). ``check_expressions`` gives each
-stateless stage over a table's sources (filters, projections, the arguments of aggregates
-and the sides of joins) an empty DataFrame of the sources' declared columns, so Spark's
-analyser (no job) raises the error when the run starts, and the error points at the
-statement, or at the call Spark names when the query and its views hold exactly one.
+message about a generated query (``line 1 pos 0``). ``check_expressions`` builds each
+table's plan over empty DataFrames of its sources' declared columns, as the operators shape
+their outputs (a GROUP BY's result types are Spark's own aggregation's, a join's rows both
+sides' columns, an upstream table's its plan's), so Spark's analyser (no job) raises the
+error when the run starts; the error points at the call Spark names when the query and its
+views hold exactly one, else at the statement.
 
-Stages above a stateful operator, or over an upstream table's changelog, are left to the
-first batch: their input types are the operators' (octo's kernels), not declared.
+Stages above top-N, SESSION windows or OVER, and tables whose sources' columns are not all
+declared, are left to the first batch.
 """
 from __future__ import annotations
 
 import re
+from functools import reduce
 from typing import TYPE_CHECKING, Any
 
 from octo_platform.columns import WEIGHT
 from octo_platform.errors import SqlError
-from octo_platform.physical.plan import PNode, PSource, PStateless, PUnion
+from octo_platform.physical.plan import PAggregate, PJoin, PNode, PSource, PStateless, PUnion
 from octo_platform.runtime.operators import apply_steps
+from octo_platform.runtime.operators.aggregate import result_frame
 from octo_platform.sqltext import quote
 
 if TYPE_CHECKING:
@@ -32,7 +35,7 @@ __all__ = ["check_expressions"]
 
 # A table's plan and its sources' types that passed in a session (a test suite's or a
 # Dagster process's later runs skip the analysis: ~40 ms a stage here).
-_PASSED: set[tuple[int, str, tuple]] = set()
+_PASSED: set[tuple[int, tuple]] = set()
 _CALL = re.compile(r'^"?(\w+)\(')  # the function an expression Spark names calls
 
 
@@ -42,48 +45,100 @@ def check_expressions(spark: SparkSession, proj: Project, tables: list[CompiledT
     not analysed again)."""
     from pyspark.errors import AnalysisException
 
+    frames = _Frames(spark, proj)
     for t in tables:
-        key = (id(spark), t.physical.fingerprint, tuple(
-            (s.name, proj.source(s.name).types) for s in t.physical.sources if s.kind == "source"))
+        key = (id(spark), _signature(proj, t))
         if key in _PASSED:
             continue
         try:
-            _frame(spark, proj, t.physical.root)
-            _PASSED.add(key)
+            frames.table(t.name)
         except AnalysisException as e:
             params = e.getMessageParameters() or {}
             call = _CALL.match(params.get("sqlExpr", ""))
             raise SqlError(f"streaming table {t.name}: {_message(e)}",
                            proj.catalog.locate(t.name, call and call.group(1))) from None
+        _PASSED.add(key)
 
 
-def _frame(spark: SparkSession, proj: Project, node: PNode) -> DataFrame | None:
-    """An empty DataFrame of ``node``'s output (its columns, then the weight) where its
-    input types are declared ones, analysed by Spark; None above a stateful operator (whose
-    inputs are checked all the same)."""
-    if isinstance(node, PSource):
-        return _source(spark, proj, node) if node.kind == "source" else None
-    frames = [_frame(spark, proj, n) for n in node.inputs]
-    if any(f is None for f in frames):
+def _signature(proj: Project, table: CompiledTable) -> tuple:
+    """What a table's check depends on: its plan, and its sources' types or upstream
+    tables' signatures."""
+    return (table.physical.fingerprint, tuple(
+        (s.name, proj.source(s.name).types if s.kind == "source"
+         else _signature(proj, proj.table(s.name))) for s in table.physical.sources))
+
+
+class _Frames:
+    """Empty DataFrames of plan nodes' outputs (their columns, then the weight), analysed
+    by Spark; None where the types are not known here (the inputs are checked all the
+    same). A table's frame is built once."""
+
+    def __init__(self, spark: SparkSession, proj: Project) -> None:
+        self.spark, self.proj = spark, proj
+        self.tables: dict[str, DataFrame | None] = {}
+
+    def table(self, name: str) -> DataFrame | None:
+        key = name.lower()
+        if key not in self.tables:
+            self.tables[key] = self.frame(self.proj.table(name).physical.root)
+        return self.tables[key]
+
+    def frame(self, node: PNode) -> DataFrame | None:
+        if isinstance(node, PSource):
+            return self.upstream(node) if node.kind == "table" else self.source(node)
+        frames = [self.frame(n) for n in node.inputs]
+        if any(f is None for f in frames):
+            return None
+        w = quote(WEIGHT)
+        if isinstance(node, PStateless):
+            return apply_steps(frames[0], node.steps, w)
+        if isinstance(node, PUnion):
+            parts = [f.toDF(*node.columns, WEIGHT) for f in frames]  # type: ignore[union-attr]
+            return reduce(lambda a, b: a.union(b), parts)
+        if isinstance(node, PAggregate):
+            return result_frame(node, frames[0]).selectExpr("*", f"CAST(0 AS BIGINT) AS {w}")
+        if isinstance(node, PJoin):
+            return _joined(node, *frames)
         return None
-    if isinstance(node, PStateless):
-        return apply_steps(frames[0], node.steps, quote(WEIGHT))
-    if isinstance(node, PUnion):
-        parts = [f.toDF(*node.columns, WEIGHT) for f in frames]  # type: ignore[union-attr]
-        out = parts[0]
-        for p in parts[1:]:
-            out = out.union(p)
-        return out
-    return None
+
+    def source(self, node: PSource) -> DataFrame | None:
+        """A source's declared columns (None: the plan reads others, e.g. metadata)."""
+        source = self.proj.source(node.name)
+        types = {c.lower(): t for c, t in zip(source.columns, source.types)}
+        if any(c.lower() not in types for c in node.columns):
+            return None
+        ddl = ", ".join(f"{quote(c)} {types[c.lower()]}" for c in node.columns)
+        return self.spark.createDataFrame([], f"{ddl}, {quote(WEIGHT)} BIGINT")
+
+    def upstream(self, node: PSource) -> DataFrame | None:
+        """An upstream table's output (None where an error of its own, reported for it
+        when it is checked, leaves it unknown)."""
+        from pyspark.errors import AnalysisException
+
+        try:
+            frame = self.table(node.name)
+        except AnalysisException:
+            self.tables[node.name.lower()] = None
+            return None
+        if frame is None or len(frame.columns) != len(node.columns) + 1:
+            return None
+        return frame.toDF(*node.columns, WEIGHT)
 
 
-def _source(spark: SparkSession, proj: Project, node: PSource) -> DataFrame | None:
-    source = proj.source(node.name)
-    types = {c.lower(): t for c, t in zip(source.columns, source.types)}
-    if any(c.lower() not in types for c in node.columns):  # not all declared: unknown
+def _joined(node: PJoin, left: DataFrame, right: DataFrame) -> DataFrame | None:
+    """A join's output rows as its operators make them: each side's columns under the
+    join's names, the residual condition over both, the left's alone for semi and anti."""
+    nl = len(node.left.columns)
+    if len(left.columns) != nl + 1 or len(right.columns) != len(node.names) - nl + 1:
         return None
-    ddl = ", ".join(f"{quote(c)} {types[c.lower()]}" for c in node.columns)
-    return spark.createDataFrame([], f"{ddl}, {quote(WEIGHT)} BIGINT")
+    both = left.toDF(*node.names[:nl], "_lw").crossJoin(right.toDF(*node.names[nl:], "_rw"))
+    if node.residual:
+        both = both.filter(node.residual)
+    names = node.names[:nl] if node.kind in ("semi", "anti") else node.names
+    if len(names) != len(node.columns):
+        return None
+    return both.selectExpr(*[quote(n) for n in names], f"_lw * _rw AS {quote(WEIGHT)}"
+                           ).toDF(*node.columns, WEIGHT)
 
 
 def _message(e: Any) -> str:

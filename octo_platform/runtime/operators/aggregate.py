@@ -13,7 +13,21 @@ from octo_platform.sqltext import quote, sql_expr
 if TYPE_CHECKING:
     from pyspark.sql import DataFrame
 
-__all__ = ["Aggregate"]
+__all__ = ["Aggregate", "result_frame"]
+
+
+def result_frame(node: PAggregate, delta: DataFrame) -> DataFrame:
+    """An empty frame of GROUP BY ``node``'s result rows over ``delta`` (no weight): their
+    types are Spark's own aggregation's of ``delta``'s."""
+    keys, exprs = [quote(k) for k in node.keys], []
+    for i, a in enumerate(node.aggs):
+        name = quote(node.columns[len(keys) + i])
+        arg = "1" if a.arg is None else f"DISTINCT {quote(a.arg)}" if a.distinct \
+            else quote(a.arg)
+        exprs.append(f"{'count' if a.arg is None else a.func}({arg}) AS {name}")
+    empty = delta.limit(0)
+    return empty.groupBy(*keys).agg(*[sql_expr(e) for e in exprs]) if exprs else \
+        empty.selectExpr(*keys)
 
 
 @dataclass(frozen=True)
@@ -50,17 +64,11 @@ class Aggregate:
 
         node = self.node
         types = {f.name: f.dataType for f in delta.schema.fields}
-        out_exprs: list[str] = []
         acc: list[StructField] = []
         d_exprs = [f"sum({W}) AS d{COUNT}"]
         ms: dict[int, Any] = {}
         for i, a in enumerate(node.aggs):
             x = quote(a.arg) if a.arg else None
-            if a.arg is None:
-                out_exprs.append(f"count(1) AS {quote(node.columns[len(self.keys) + i])}")
-            else:
-                inner = f"DISTINCT {x}" if a.distinct else x
-                out_exprs.append(f"{a.func}({inner}) AS {quote(node.columns[len(self.keys) + i])}")
             w_if = f"CASE WHEN {x} IS NOT NULL THEN {W} ELSE 0 END"
             if a.strategy == "count":
                 if x is not None:
@@ -82,10 +90,7 @@ class Aggregate:
                                     StructField("v", types[a.arg]), StructField("cnt", LongType())])
         state = StructType([*[StructField(k, types[k]) for k in node.keys],
                             StructField(COUNT, LongType()), *acc])
-        probe = delta.limit(0).groupBy(*self.keys)
-        probe = probe.agg(*[sql_expr(e) for e in out_exprs]) if out_exprs else \
-            delta.limit(0).selectExpr(*self.keys)
-        return _AggShape(state, probe.schema, tuple(d_exprs), ms)
+        return _AggShape(state, result_frame(node, delta).schema, tuple(d_exprs), ms)
 
     def run(self, delta: DataFrame) -> DataFrame:
         node, ctx = self.node, self.ctx
