@@ -131,9 +131,9 @@ def test_a_function_spark_does_not_have_fails_at_its_call_before_anything_runs(s
 def test_an_expression_spark_cannot_analyse_fails_when_the_run_starts(spark, tmp_path):
     """Spark analyses each table's plan over empty inputs of its sources' declared columns
     (no job) when a run starts: a type error fails it there, at the call Spark names (here
-    in a view the table reads; above a GROUP BY, a join, an upstream table) or at the
-    statement, before anything is written; joins, windows, unions and tables over tables
-    that are right pass."""
+    in a view the table reads; above a GROUP BY, a join, an upstream table, top-N, SESSION
+    windows) or at the statement, before anything is written; joins, windows, unions and
+    tables over tables that are right pass."""
     from octo_platform.runtime.checks import check_expressions
     from octo_platform.runtime.runner import run_tables
     from octo_platform.wiring import default_options
@@ -153,6 +153,10 @@ def test_an_expression_spark_cannot_analyse_fails_when_the_run_starts(spark, tmp
             "CREATE STREAMING TABLE good AS SELECT s.a, upper(r.label) AS l, COUNT(*) AS n\n"
             "FROM s JOIN r ON s.a = r.a WHERE s.name LIKE 'x%' GROUP BY s.a, upper(r.label);\n"
             "CREATE STREAMING TABLE over_good AS SELECT a, size(l) AS y FROM good;\n"
+            "CREATE STREAMING TABLE over_top AS SELECT a, size(rn) AS z FROM (SELECT a,\n"
+            "ROW_NUMBER() OVER (PARTITION BY name ORDER BY a) AS rn FROM s) t WHERE rn <= 3;\n"
+            "CREATE STREAMING TABLE over_session AS SELECT a, size(window_end) AS e FROM\n"
+            "SESSION(s, ts, INTERVAL '20' SECOND) GROUP BY window_start, window_end, a;\n"
             "CREATE STREAMING TABLE w AS SELECT window_end, COUNT(*) AS n\n"
             "FROM TUMBLE(s, ts, INTERVAL '1' MINUTE) GROUP BY window_start, window_end;\n"
             "CREATE STREAMING TABLE u AS SELECT a FROM s UNION ALL SELECT a + 1 FROM r;\n"
@@ -174,7 +178,8 @@ def test_an_expression_spark_cannot_analyse_fails_when_the_run_starts(spark, tmp
     assert not (tmp_path / "warehouse").exists()
     for table, where in (("negated", at("CREATE STREAMING TABLE negated")),  # no call
                          ("over_agg", at("size(m)")), ("over_join", at("size(r.label)")),
-                         ("over_good", at("size(l)"))):
+                         ("over_good", at("size(l)")), ("over_top", at("size(rn)")),
+                         ("over_session", at("size(window_end)"))):
         with pytest.raises(SqlError) as err:
             check_expressions(spark, project, project.order([table]))
         loc = err.value.location

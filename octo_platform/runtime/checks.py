@@ -10,8 +10,8 @@ sides' columns, an upstream table's its plan's), so Spark's analyser (no job) ra
 error when the run starts; the error points at the call Spark names when the query and its
 views hold exactly one, else at the statement.
 
-Stages above top-N, SESSION windows or OVER, and tables whose sources' columns are not all
-declared, are left to the first batch.
+Stages above OVER aggregates, and tables whose sources' columns are not all declared, are
+left to the first batch.
 """
 from __future__ import annotations
 
@@ -21,7 +21,9 @@ from typing import TYPE_CHECKING, Any
 
 from octo_platform.columns import WEIGHT
 from octo_platform.errors import SqlError
-from octo_platform.physical.plan import PAggregate, PJoin, PNode, PSource, PStateless, PUnion
+from octo_platform.logical.plan import WINDOW_COLUMNS
+from octo_platform.physical.plan import PAggregate, PJoin, PNode, PSession, PSource, PStateless, \
+    PTopN, PUnion
 from octo_platform.runtime.operators import apply_steps
 from octo_platform.runtime.operators.aggregate import result_frame
 from octo_platform.sqltext import quote
@@ -99,6 +101,10 @@ class _Frames:
             return result_frame(node, frames[0]).selectExpr("*", f"CAST(0 AS BIGINT) AS {w}")
         if isinstance(node, PJoin):
             return _joined(node, *frames)
+        if isinstance(node, PSession):  # the input's rows and their session's bounds
+            return _rows(node, frames[0], [f"{quote(node.time)} AS {c}" for c in WINDOW_COLUMNS])
+        if isinstance(node, PTopN):  # the input's rows and their rank, where it is a column
+            return _rows(node, frames[0], ["CAST(0 AS INT)"] if node.rank else [])
         return None
 
     def source(self, node: PSource) -> DataFrame | None:
@@ -123,6 +129,14 @@ class _Frames:
         if frame is None or len(frame.columns) != len(node.columns) + 1:
             return None
         return frame.toDF(*node.columns, WEIGHT)
+
+
+def _rows(node: PNode, rows: DataFrame, more: list[str]) -> DataFrame | None:
+    """``node``'s output: its input's columns, then ``more`` (None: not its columns)."""
+    cols = [*(quote(c) for c in node.inputs[0].columns), *more]
+    if len(cols) != len(node.columns):
+        return None
+    return rows.selectExpr(*cols, quote(WEIGHT)).toDF(*node.columns, WEIGHT)
 
 
 def _joined(node: PJoin, left: DataFrame, right: DataFrame) -> DataFrame | None:
