@@ -1,4 +1,4 @@
-"""``octo``: run, explain, backfill, refresh, reset and demo streaming tables.
+"""``octo``: run, check, explain, backfill, refresh, reset and demo streaming tables.
 
 Exit codes: 0 success, 1 a run failed, 2 a bad project (SQL, unknown table) or usage.
 """
@@ -32,11 +32,12 @@ def _parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="octo", description="Streaming SQL on Spark and Delta Lake")
     sub = p.add_subparsers(dest="command", required=True)
 
-    def project_opts(sp: argparse.ArgumentParser) -> None:
+    def project_opts(sp: argparse.ArgumentParser, warehouse: bool = True) -> None:
         sp.add_argument("--project", default=".", help="project directory; its sql/ folder "
                         "holds the .sql files (default: current directory)")
-        sp.add_argument("--warehouse", default=None, help="warehouse directory or URI "
-                        "(default: <project>/warehouse)")
+        if warehouse:
+            sp.add_argument("--warehouse", default=None, help="warehouse directory or URI "
+                            "(default: <project>/warehouse)")
 
     def spark_opts(sp: argparse.ArgumentParser) -> None:
         sp.add_argument("--master", default=None, help="Spark master, e.g. spark://host:7077 "
@@ -72,9 +73,15 @@ def _parser() -> argparse.ArgumentParser:
     project_opts(run)
     spark_opts(run)
 
+    check = sub.add_parser("check", help="check a project as a run does when it starts, "
+                           "running nothing: its SQL, that Spark has each function called, "
+                           "that Spark can analyse each expression over the declared types")
+    project_opts(check, warehouse=False)
+    spark_opts(check)
+
     explain = sub.add_parser("explain", help="print the logical and physical plan of a table")
     explain.add_argument("name", metavar="NAME")
-    project_opts(explain)
+    project_opts(explain, warehouse=False)
 
     backfill = sub.add_parser(
         "backfill", help="recompute a table from the input it has read and publish the "
@@ -112,11 +119,13 @@ def _parser() -> argparse.ArgumentParser:
 
 def main(argv: list[str] | None = None) -> int:
     args = _parser().parse_args(argv)
-    if args.command in ("run", "backfill", "refresh", "demo"):
+    if args.command in ("run", "check", "backfill", "refresh", "demo"):
         _quiet_query_context_logs()
     try:
         if args.command == "run":
             return _run(args)
+        if args.command == "check":
+            return _check(args)
         if args.command == "explain":
             from octo_platform.project import load_project
 
@@ -193,6 +202,17 @@ def _run(args: argparse.Namespace) -> int:
                         parallel=args.parallel)
     total = len(report.batches)
     print(f"done: {total} batch(es), {report.dead_letters} dead letter(s)")
+    return 0
+
+
+def _check(args: argparse.Namespace) -> int:
+    from octo_platform.project import load_project
+    from octo_platform.runtime.checks import check_project
+
+    project = load_project(args.project)
+    check_project(_session(args), project, project.order())
+    print(f"ok: {len(project.tables)} streaming table(s), {len(project.catalog.sources)} "
+          f"source(s), {len(project.sinks)} sink(s)")
     return 0
 
 

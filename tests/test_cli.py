@@ -51,6 +51,20 @@ def test_bad_sql_fails_before_anything_is_written(tmp_path):
     assert not (root / "warehouse").exists()
 
 
+def test_check_fails_at_an_expression_spark_cannot_analyse(tmp_path):
+    """``octo check`` runs a run's start-up checks and nothing else: a type error fails it
+    (exit 2) at the call, with Spark's message and no plan or log of it."""
+    sql = SQL.replace("MAX(price)", "MAX(size(price))")
+    root = project(tmp_path, sql)
+    res = octo("check", cwd=root)
+    assert res.returncode == 2, res.stderr
+    line, col = res.stderr.splitlines()[-3], sql.splitlines()[2].index("size(") + 1
+    assert line.startswith(f"octo: error: sql/p.sql:3:{col}: streaming table stats: "
+                           "[DATATYPE_MISMATCH"), res.stderr
+    assert '"size(price)"' in line and "QueryContextLogger" not in res.stderr
+    assert not (root / "warehouse").exists()
+
+
 def test_a_batch_too_large_for_the_driver_to_collect_runs_on_the_spark_path(tmp_path):
     """A batch under ``--driver-rows`` whose parsed rows outgrow
     ``spark.driver.maxResultSize`` is run by the Spark path at once: no failed attempt."""

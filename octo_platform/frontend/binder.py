@@ -116,7 +116,7 @@ class Catalog:
                      if _call_name(call).lower() == function.lower()]
             if len(calls) == 1:
                 file, call = calls[0]
-                return file.location_of(call, stmt.offset)
+                return file.call_location(call, stmt.offset)
         return stmt.file.location(stmt.offset)
 
     def _views_read(self, query: exp.Query) -> list[ViewStmt]:

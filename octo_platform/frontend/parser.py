@@ -6,6 +6,8 @@ sqlglot; every error names the file, line and column of the offending text.
 """
 from __future__ import annotations
 
+import re
+
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -52,6 +54,16 @@ class SqlFile:
             if sub.meta.get("start") is not None:
                 return self.location(int(sub.meta["start"]))
         return self.location(fallback)
+
+    def call_location(self, call: exp.Func, fallback: int = 0) -> Location:
+        """Where ``call`` is written: where sqlglot recorded it, else the name written
+        before the ``(`` that precedes the first position it recorded inside (an
+        argument's)."""
+        starts = [int(n.meta["start"]) for n in call.walk() if n.meta.get("start") is not None]
+        if not starts or call.meta.get("start") is not None:
+            return self.location(starts[0] if starts else fallback)
+        name = re.search(r"(\w+)\s*\(\s*$", self.text[:min(starts)])
+        return self.location(name.start(1) if name else min(starts))
 
     def error(self, message: str, offset: int) -> SqlError:
         return SqlError(message, self.location(offset))

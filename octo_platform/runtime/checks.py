@@ -33,12 +33,19 @@ if TYPE_CHECKING:
 
     from octo_platform.project import CompiledTable, Project
 
-__all__ = ["check_expressions"]
+__all__ = ["check_project", "check_expressions"]
 
 # A table's plan and its sources' types that passed in a session (a test suite's or a
 # Dagster process's later runs skip the analysis: ~40 ms a stage here).
 _PASSED: set[tuple[int, tuple]] = set()
-_CALL = re.compile(r'^"?(\w+)\(')  # the function an expression Spark names calls
+_CALL = re.compile(r'^"?\(?(\w+)\(')  # the function an expression Spark names calls
+
+
+def check_project(spark: SparkSession, proj: Project, tables: list[CompiledTable]) -> None:
+    """What a run checks of ``tables`` when it starts (``octo check`` of them all): each
+    function Spark has (``Project.check_functions``), each expression Spark can analyse."""
+    proj.check_functions(spark.catalog.functionExists)
+    check_expressions(spark, proj, tables)
 
 
 def check_expressions(spark: SparkSession, proj: Project, tables: list[CompiledTable]) -> None:
