@@ -132,8 +132,8 @@ def test_an_expression_spark_cannot_analyse_fails_when_the_run_starts(spark, tmp
     """Spark analyses each table's plan over empty inputs of its sources' declared columns
     (no job) when a run starts: a type error fails it there, at the call Spark names (here
     in a view the table reads; above a GROUP BY, a join, an upstream table, top-N, SESSION
-    windows) or at the statement, before anything is written; joins, windows, unions and
-    tables over tables that are right pass."""
+    windows, OVER) or at the statement, before anything is written; joins, windows, unions
+    and tables over tables that are right pass."""
     from octo_platform.runtime.checks import check_expressions
     from octo_platform.runtime.runner import run_tables
     from octo_platform.wiring import default_options
@@ -157,6 +157,9 @@ def test_an_expression_spark_cannot_analyse_fails_when_the_run_starts(spark, tmp
             "CREATE STREAMING TABLE over_good AS SELECT a, size(l) AS y FROM good;\n"
             "CREATE STREAMING TABLE over_top AS SELECT a, size(rn) AS z FROM (SELECT a,\n"
             "ROW_NUMBER() OVER (PARTITION BY name ORDER BY a) AS rn FROM s) t WHERE rn <= 3;\n"
+            "CREATE STREAMING TABLE over_over AS SELECT a, size(s30) AS z FROM (SELECT a,\n"
+            "SUM(a) OVER (PARTITION BY name ORDER BY ts RANGE BETWEEN INTERVAL '30' SECOND\n"
+            "PRECEDING AND CURRENT ROW) AS s30 FROM s) q;\n"
             "CREATE STREAMING TABLE over_session AS SELECT a, size(window_end) AS e FROM\n"
             "SESSION(s, ts, INTERVAL '20' SECOND) GROUP BY window_start, window_end, a;\n"
             "CREATE STREAMING TABLE w AS SELECT window_end, COUNT(*) AS n\n"
@@ -182,7 +185,8 @@ def test_an_expression_spark_cannot_analyse_fails_when_the_run_starts(spark, tmp
                          ("iffy", at("if(a")),  # sqlglot records no position for IF
                          ("over_agg", at("size(m)")), ("over_join", at("size(r.label)")),
                          ("over_good", at("size(l)")), ("over_top", at("size(rn)")),
-                         ("over_session", at("size(window_end)"))):
+                         ("over_session", at("size(window_end)")),
+                         ("over_over", at("size(s30)"))):
         with pytest.raises(SqlError) as err:
             check_expressions(spark, project, project.order([table]))
         loc = err.value.location

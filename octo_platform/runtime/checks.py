@@ -10,8 +10,7 @@ sides' columns, an upstream table's its plan's), so Spark's analyser (no job) ra
 error when the run starts; the error points at the call Spark names when the query and its
 views hold exactly one, else at the statement.
 
-Stages above OVER aggregates, and tables whose sources' columns are not all declared, are
-left to the first batch.
+Tables whose sources' columns are not all declared are left to the first batch.
 """
 from __future__ import annotations
 
@@ -22,10 +21,11 @@ from typing import TYPE_CHECKING, Any
 from octo_platform.columns import WEIGHT
 from octo_platform.errors import SqlError
 from octo_platform.logical.plan import WINDOW_COLUMNS
-from octo_platform.physical.plan import PAggregate, PJoin, PNode, PSession, PSource, PStateless, \
-    PTopN, PUnion
+from octo_platform.physical.plan import PAggregate, PJoin, PNode, POver, PSession, PSource, \
+    PStateless, PTopN, PUnion
 from octo_platform.runtime.operators import apply_steps
 from octo_platform.runtime.operators.aggregate import result_frame
+from octo_platform.runtime.operators.over import OverRange
 from octo_platform.sqltext import quote
 
 if TYPE_CHECKING:
@@ -112,6 +112,8 @@ class _Frames:
             return _rows(node, frames[0], [f"{quote(node.time)} AS {c}" for c in WINDOW_COLUMNS])
         if isinstance(node, PTopN):  # the input's rows and their rank, where it is a column
             return _rows(node, frames[0], ["CAST(0 AS INT)"] if node.rank else [])
+        if isinstance(node, POver):  # the input's rows and their aggregates, as computed
+            return OverRange(node, None).compute(frames[0])
         return None
 
     def source(self, node: PSource) -> DataFrame | None:

@@ -30,7 +30,8 @@ class OverRange:
     watermark: no row on time can reach back further.
     """
 
-    def __init__(self, node: POver, ctx: BatchContext) -> None:
+    def __init__(self, node: POver, ctx: BatchContext | None) -> None:
+        """``ctx`` None: for ``compute`` alone (the output's types, ``runtime/checks``)."""
         self.node = node
         self.ctx = ctx
         self.names = list(node.input.columns)
