@@ -73,9 +73,9 @@ def _parser() -> argparse.ArgumentParser:
     project_opts(run)
     spark_opts(run)
 
-    check = sub.add_parser("check", help="check a project as a run does when it starts, "
-                           "running nothing: its SQL, that Spark has each function called, "
-                           "that Spark can analyse each expression over the declared types")
+    check = sub.add_parser("check", help="check every table of a project, running nothing: "
+                           "its SQL, that Spark has each function called, that Spark can "
+                           "analyse each expression over the declared types")
     project_opts(check, warehouse=False)
     spark_opts(check)
 

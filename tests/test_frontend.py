@@ -128,12 +128,13 @@ def test_a_function_spark_does_not_have_fails_at_its_call_before_anything_runs(s
         spark.sql("DROP TEMPORARY FUNCTION octo_test_nope")
 
 
-def test_an_expression_spark_cannot_analyse_fails_when_the_run_starts(spark, tmp_path):
-    """Spark analyses each table's plan over empty inputs of its sources' declared columns
-    (no job) when a run starts: a type error fails it there, at the call Spark names (here
-    in a view the table reads; above a GROUP BY, a join, an upstream table, top-N, SESSION
-    windows, OVER) or at the statement, before anything is written; joins, windows, unions
-    and tables over tables that are right pass."""
+def test_an_expression_spark_cannot_analyse_fails_at_its_call(spark, tmp_path):
+    """A batch that fails on an expression Spark cannot analyse fails the run with the
+    error located in the SQL: Spark analyses the table's plan over empty inputs of its
+    sources' declared columns (no job; ``octo check`` does it for every table), and the
+    error points at the call Spark names (here in a view the table reads; above a GROUP BY,
+    a join, an upstream table, top-N, SESSION windows, OVER) or at the statement, with
+    nothing committed; joins, windows, unions and tables over tables that are right pass."""
     from octo_platform.runtime.checks import check_expressions
     from octo_platform.runtime.runner import run_tables
     from octo_platform.wiring import default_options
@@ -168,6 +169,8 @@ def test_an_expression_spark_cannot_analyse_fails_when_the_run_starts(spark, tmp
             "CREATE STREAMING TABLE above AS SELECT a, n * 2 AS m, lower(l) AS k FROM good\n"
             "WHERE n > 1;\n")
     project = compile_text(tmp_path, text)
+    (tmp_path / "p").mkdir()
+    (tmp_path / "p" / "a.json").write_text('{"a": 1, "name": "x", "ts": "2026-12-01"}\n')
 
     def at(needle: str) -> tuple[int, int]:
         line = next(i for i, t in enumerate(text.splitlines(), 1) if needle in t)
@@ -180,7 +183,7 @@ def test_an_expression_spark_cannot_analyse_fails_when_the_run_starts(spark, tmp
     assert "streaming table bad: [DATATYPE_MISMATCH" in str(err.value)
     assert "date_add(ts, name)" in str(err.value) and "line 1 pos" not in str(err.value)
     assert "\n'" not in str(err.value)  # no plan
-    assert not (tmp_path / "warehouse").exists()
+    assert not (tmp_path / "warehouse" / "bad" / "_delta_log").exists()
     for table, where in (("negated", at("CREATE STREAMING TABLE negated")),  # no call
                          ("iffy", at("if(a")),  # sqlglot records no position for IF
                          ("over_agg", at("size(m)")), ("over_join", at("size(r.label)")),

@@ -37,7 +37,7 @@ from typing import TYPE_CHECKING, Callable
 
 from octo_platform.errors import OctoError, RunError
 from octo_platform.project import Project, load_project
-from octo_platform.runtime.checks import check_project
+from octo_platform.runtime.checks import diagnose
 from octo_platform.runtime.layout import Layout
 from octo_platform.runtime.locks import lock_tables
 from octo_platform.runtime.offsets import available, next_inputs
@@ -80,8 +80,11 @@ class _Query:
     """
 
     def __init__(self, spark: SparkSession, new_pipeline: Callable[[], Pipeline],
-                 report: RunReport, *, progress: Callable[[str], None] | None) -> None:
+                 report: RunReport, *, progress: Callable[[str], None] | None,
+                 diagnose: Callable[[BaseException], OctoError | None] = lambda e: None
+                 ) -> None:
         self.spark = spark
+        self.diagnose = diagnose  # an error of the table's SQL behind a batch's, or None
         self.new_pipeline = new_pipeline
         self.pipeline = new_pipeline()
         self.report = report
@@ -90,6 +93,7 @@ class _Query:
         self.wake = threading.Event()  # set by stop(): ends a retry's backoff early
         self.busy = threading.Lock()
         self.error: BaseException | None = None  # what made the handler give up
+        self.diagnosis: OctoError | None = None  # the error of the SQL behind it, if any
         self.attempts = 0  # tries of the batch the handler gave up on
         self.active_at = time.monotonic()  # last time a batch started or ended
         self.restarts = 0  # stalled queries replaced (see _catch_up)
@@ -151,6 +155,7 @@ class _Query:
             except Exception as e:  # retried, or re-raised to the runner
                 if self.stopping or attempt == BATCH_ATTEMPTS or not transient(e):
                     self.error, self.attempts = e, attempt
+                    self.diagnosis = None if transient(e) else self.diagnose(e)
                     raise
                 delay = backoff(attempt)
                 what = f"batch {offset['batch']}" if offset else "a batch"
@@ -232,8 +237,11 @@ class _Query:
                  "the batch log)")
         return delay
 
-    def gave_up(self) -> RunError:
-        """The error of a run whose handler gave up on a batch."""
+    def gave_up(self) -> OctoError:
+        """The error of a run whose handler gave up on a batch (an error of the table's SQL
+        where the batch's error comes from one)."""
+        if self.diagnosis is not None:
+            return self.diagnosis
         cause = self.error
         if self.attempts > 1:
             return RunError(f"streaming table {self.name!r} failed: a batch failed "
@@ -445,7 +453,7 @@ def run_tables(
     """
     proj, layout = open_project(project, options)
     tables = proj.order(names)
-    check_project(spark, proj, tables)
+    proj.check_functions(spark.catalog.functionExists)
     if options.progress is not None:
         for line in _missing_paths(proj, tables):
             options.progress(line)
@@ -455,7 +463,8 @@ def run_tables(
     report = RunReport()
     with lock_tables(layout, [t.name for t in tables]), collecting_new_objects():
         queries = [_Query(spark, _pipeline_factory(spark, proj, t, layout, options), report,
-                          progress=options.progress)
+                          progress=options.progress,
+                          diagnose=lambda e, t=t: diagnose(spark, proj, t, e))
                    for t in tables]
         if until_idle:
             _catch_up(queries, parallel)
