@@ -37,9 +37,6 @@ if TYPE_CHECKING:
 
 __all__ = ["check_project", "check_expressions", "diagnose"]
 
-# A table's plan and its sources' types that passed in a session (a test suite's or a
-# Dagster process's later runs skip the analysis: ~40 ms a stage here).
-_PASSED: set[tuple[int, tuple]] = set()
 _CALL = re.compile(r'^"?\(?(\w+)\(')  # the function an expression Spark names calls
 
 
@@ -67,16 +64,11 @@ def diagnose(spark: SparkSession, proj: Project, table: CompiledTable, error: Ba
 
 
 def check_expressions(spark: SparkSession, proj: Project, tables: list[CompiledTable]) -> None:
-    """Raise ``SqlError`` for the first expression of ``tables`` Spark cannot analyse (a
-    table that passed in this session before, with the same plan and source types, is
-    not analysed again)."""
+    """Raise ``SqlError`` for the first expression of ``tables`` Spark cannot analyse."""
     from pyspark.errors import AnalysisException
 
     frames = _Frames(spark, proj)
     for t in tables:
-        key = (id(spark), _signature(proj, t))
-        if key in _PASSED:
-            continue
         try:
             frames.table(t.name)
         except AnalysisException as e:
@@ -84,15 +76,6 @@ def check_expressions(spark: SparkSession, proj: Project, tables: list[CompiledT
             call = _CALL.match(params.get("sqlExpr", ""))
             raise SqlError(f"streaming table {t.name}: {_message(e)}",
                            proj.catalog.locate(t.name, call and call.group(1))) from None
-        _PASSED.add(key)
-
-
-def _signature(proj: Project, table: CompiledTable) -> tuple:
-    """What a table's check depends on: its plan, and its sources' types or upstream
-    tables' signatures."""
-    return (table.physical.fingerprint, tuple(
-        (s.name, proj.source(s.name).types if s.kind == "source"
-         else _signature(proj, proj.table(s.name))) for s in table.physical.sources))
 
 
 class _Frames:
