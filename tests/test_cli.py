@@ -52,8 +52,8 @@ def test_bad_sql_fails_before_anything_is_written(tmp_path):
 
 
 def test_check_fails_at_an_expression_spark_cannot_analyse(tmp_path):
-    """``octo check`` runs a run's start-up checks and nothing else: a type error fails it
-    (exit 2) at the call, with Spark's message and no plan or log of it."""
+    """``octo check`` checks every table and runs nothing: a type error fails it (exit 2)
+    at the call, with Spark's message and no plan or log of it."""
     sql = SQL.replace("MAX(price)", "MAX(size(price))")
     root = project(tmp_path, sql)
     res = octo("check", cwd=root)

@@ -7,7 +7,6 @@ sqlglot; every error names the file, line and column of the offending text.
 from __future__ import annotations
 
 import re
-
 from dataclasses import dataclass, field
 from pathlib import Path
 

@@ -51,7 +51,7 @@ def diagnose(spark: SparkSession, proj: Project, table: CompiledTable, error: Ba
              ) -> SqlError | None:
     """The error of ``table``'s SQL behind ``error``, a batch's ``AnalysisException``, found
     where it is written by Spark's analysis of the table (``check_expressions``); None for
-    other errors, or where the analysis finds none."""
+    other errors, or where the analysis finds none (or fails itself)."""
     from pyspark.errors import AnalysisException
 
     if not isinstance(error, AnalysisException):
@@ -60,6 +60,8 @@ def diagnose(spark: SparkSession, proj: Project, table: CompiledTable, error: Ba
         check_expressions(spark, proj, [table])
     except SqlError as e:
         return e
+    except Exception:  # noqa: BLE001 - the analysis failed otherwise: the batch's error stands
+        return None
     return None
 
 
