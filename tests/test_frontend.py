@@ -1,6 +1,7 @@
 """Frontend and planner: parsing, binding errors with locations, golden plans."""
 from __future__ import annotations
 
+import time
 from pathlib import Path
 
 import pytest
@@ -134,7 +135,8 @@ def test_an_expression_spark_cannot_analyse_fails_at_its_call(spark, tmp_path):
     sources' declared columns (no job; ``octo check`` does it for every table), and the
     error points at the call Spark names (here in a view the table reads; above a GROUP BY,
     a join, an upstream table, top-N, SESSION windows, OVER) or at the statement, with
-    nothing committed; joins, windows, unions and tables over tables that are right pass."""
+    nothing committed; a continuous run analyses every table before it starts; joins,
+    windows, unions and tables over tables that are right pass."""
     from octo_platform.runtime.checks import check_expressions
     from octo_platform.runtime.runner import run_tables
     from octo_platform.wiring import default_options
@@ -184,6 +186,11 @@ def test_an_expression_spark_cannot_analyse_fails_at_its_call(spark, tmp_path):
     assert "date_add(ts, name)" in str(err.value) and "line 1 pos" not in str(err.value)
     assert "\n'" not in str(err.value)  # no plan
     assert not (tmp_path / "warehouse" / "bad" / "_delta_log").exists()
+    with pytest.raises(SqlError) as err:  # a continuous run analyses every table first
+        run_tables(spark, tmp_path, names=["negated"], until_idle=False,
+                   deadline=time.time() + 60, options=default_options(progress=None))
+    assert "streaming table negated:" in str(err.value)
+    assert not (tmp_path / "warehouse" / "_octo" / "negated").exists()  # no batch began
     for table, where in (("negated", at("CREATE STREAMING TABLE negated")),  # no call
                          ("iffy", at("if(a")),  # sqlglot records no position for IF
                          ("over_agg", at("size(m)")), ("over_join", at("size(r.label)")),

@@ -9,10 +9,11 @@ GROUP BY's result types are Spark's own aggregation's, a join's rows both sides'
 an upstream table's its plan's), so Spark's analyser (no job) raises the error, pointing at
 the call Spark names when the query and its views hold exactly one, else at the statement.
 
-``octo check`` runs it for every table (``check_project``); a run, when a batch fails with
-an ``AnalysisException`` (``diagnose``). Not every run when it starts: at ~40 ms a stage,
-and more in a fresh process where nothing has warmed Spark's analyser yet, it made an idle
-run of the demo's 11 tables take 7.8-8.3 s instead of 4.7-5.7 s.
+``octo check`` runs it for every table (``check_project``), and so does a continuous run
+before it starts (it may wait long for its first rows); a catch-up, only when a batch fails
+with an ``AnalysisException`` (``diagnose``): at ~40 ms a stage, and more in a fresh process
+where nothing has warmed Spark's analyser yet, it made an idle catch-up of the demo's 11
+tables take 7.8-8.3 s instead of 4.7-5.7 s.
 """
 from __future__ import annotations
 

@@ -37,7 +37,7 @@ from typing import TYPE_CHECKING, Callable
 
 from octo_platform.errors import OctoError, RunError
 from octo_platform.project import Project, load_project
-from octo_platform.runtime.checks import diagnose
+from octo_platform.runtime.checks import check_expressions, diagnose
 from octo_platform.runtime.layout import Layout
 from octo_platform.runtime.locks import lock_tables
 from octo_platform.runtime.offsets import available, next_inputs
@@ -454,6 +454,8 @@ def run_tables(
     proj, layout = open_project(project, options)
     tables = proj.order(names)
     proj.check_functions(spark.catalog.functionExists)
+    if not until_idle:  # it may wait long for its first rows; a catch-up analyses a table
+        check_expressions(spark, proj, tables)  # only when a batch fails (``diagnose``)
     if options.progress is not None:
         for line in _missing_paths(proj, tables):
             options.progress(line)
