@@ -37,7 +37,7 @@ from typing import TYPE_CHECKING, Callable
 
 from octo_platform.errors import OctoError, RunError
 from octo_platform.project import Project, load_project
-from octo_platform.runtime.checks import check_expressions, diagnose
+from octo_platform.runtime.checks import check_project, diagnose
 from octo_platform.runtime.layout import Layout
 from octo_platform.runtime.locks import lock_tables
 from octo_platform.runtime.offsets import available, next_inputs
@@ -81,8 +81,7 @@ class _Query:
 
     def __init__(self, spark: SparkSession, new_pipeline: Callable[[], Pipeline],
                  report: RunReport, *, progress: Callable[[str], None] | None,
-                 diagnose: Callable[[BaseException], OctoError | None] = lambda e: None
-                 ) -> None:
+                 diagnose: Callable[[BaseException], OctoError | None]) -> None:
         self.spark = spark
         self.diagnose = diagnose  # an error of the table's SQL behind a batch's, or None
         self.new_pipeline = new_pipeline
@@ -155,7 +154,7 @@ class _Query:
             except Exception as e:  # retried, or re-raised to the runner
                 if self.stopping or attempt == BATCH_ATTEMPTS or not transient(e):
                     self.error, self.attempts = e, attempt
-                    self.diagnosis = None if transient(e) else self.diagnose(e)
+                    self.diagnosis = self.diagnose(e)  # an AnalysisException only
                     raise
                 delay = backoff(attempt)
                 what = f"batch {offset['batch']}" if offset else "a batch"
@@ -453,9 +452,10 @@ def run_tables(
     """
     proj, layout = open_project(project, options)
     tables = proj.order(names)
-    proj.check_functions(spark.catalog.functionExists)
-    if not until_idle:  # it may wait long for its first rows; a catch-up analyses a table
-        check_expressions(spark, proj, tables)  # only when a batch fails (``diagnose``)
+    if until_idle:  # a catch-up analyses a table's expressions when a batch fails on one
+        proj.check_functions(spark.catalog.functionExists)
+    else:  # a continuous run may wait long for its first rows: all of ``octo check``
+        check_project(spark, proj, tables)
     if options.progress is not None:
         for line in _missing_paths(proj, tables):
             options.progress(line)
