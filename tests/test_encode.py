@@ -1,7 +1,7 @@
-"""The driver path's change events (``driver.change_events``, Arrow) against the Spark path's
+"""The driver path's change events (``events.change_events``, Arrow) against the Spark path's
 (``connectors.debezium.encode``) over the same weighted rows: NULLs, -0.0 and 0.0, NaNs,
 rows of weight above one, keys with several retractions and insertions; and keys with at most
-one of each (paired by their hash, ``driver._one_each``), with hashes that collide."""
+one of each (paired by their hash, ``events._one_each``), with hashes that collide."""
 from __future__ import annotations
 
 import math
@@ -14,8 +14,8 @@ import pytest
 
 from connectors.debezium import encode
 from octo_platform.columns import WEIGHT
-from octo_platform.runtime import driver
-from octo_platform.runtime.driver import change_events
+from octo_platform.runtime import events
+from octo_platform.runtime.events import change_events
 
 NAN = float("nan")
 SCHEMA = pa.schema([("k", pa.int64()), ("x", pa.float64()), ("s", pa.string()),
@@ -79,11 +79,11 @@ def test_keys_with_one_change_each_are_paired_by_hash(spark, monkeypatch, pk, co
     """Each key at most one retraction and one insertion: paired by the key's hash, no
     sort; where every hash collides, the keys are told apart (``_pairs`` ranks them)."""
     paired = []
-    one_each_ = driver._one_each
-    monkeypatch.setattr(driver, "_one_each", lambda *a: paired.append(one_each_(*a)) or
+    one_each_ = events._one_each
+    monkeypatch.setattr(events, "_one_each", lambda *a: paired.append(one_each_(*a)) or
                         paired[-1])
     if collide:
-        monkeypatch.setattr(driver, "key_hash", lambda rows, keys: np.zeros(
+        monkeypatch.setattr(events, "key_hash", lambda rows, keys: np.zeros(
             rows.num_rows, np.uint64))
     assert_same_events(spark, one_each(len(pk), pk), pk)
     assert len(paired) == 1 and (paired[0] is None) == collide

@@ -26,6 +26,7 @@ import pyarrow.compute as pc
 
 from octo_platform.columns import BUCKET, WEIGHT
 from octo_platform.local_frames import arrow_schema
+from octo_platform.runtime.operators import bucket_cache
 from octo_platform.runtime.operators.arrow import normal_floats, primitive
 from octo_platform.runtime.operators.keyed_rows import KeyedRows
 from octo_platform.runtime.operators.tasks import read_bucket, run_group
@@ -38,8 +39,8 @@ if TYPE_CHECKING:
     from octo_platform.runtime.environment import Store
     from octo_platform.runtime.table_run import TableRun
 
-__all__ = ["merge_current", "merge_keyed", "current_output", "kernel_covers", "current_key",
-           "files_by_bucket"]
+__all__ = ["merge_current", "merge_keyed", "current_output", "bucket_task", "kernel_covers",
+           "current_key", "files_by_bucket"]
 
 
 def merge_current(old: pa.Table, events: pa.Table, keys: list[str], keyed: bool
@@ -97,15 +98,20 @@ def current_output(pipe: TableRun, events: DataFrame, bucket: str, batch: int,
     (column ``bucket``): one task per touched bucket runs ``merge_current`` and writes the
     bucket's new file itself (where ``kernel_covers`` the table). Only the files' names
     come back: the rows never pass through Spark's JVM."""
-    keyed, keys = pipe.table.physical.keyed_changes, current_key(pipe)
     image = arrow_schema(events.schema["after"].dataType)
-    store, path = pipe.env.store, pipe.layout.current(pipe.name)
-    task = _BucketTask(path, files_by_bucket(store, path, pinned.get("current")), image, keys,
-                       keyed, store.reader(), store.opener(), file_token("part", batch))
+    task = bucket_task(pipe, image, batch, pinned)
     files = events.select("before", "after", bucket).groupBy(bucket).applyInArrow(
         functools.partial(run_group, task), WRITTEN_SCHEMA)
-    return Output("current", path, files, bucketed=True, replace_reported="changelog",
-                  written=image.append(pa.field(BUCKET, pa.int32())))
+    return task.output(files)
+
+
+def bucket_task(pipe: TableRun, image: pa.Schema, batch: int, pinned: dict[str, int | None]
+                ) -> _BucketTask:
+    """What a task needs to rewrite the table's current-state buckets (rows ``image``)."""
+    store, path = pipe.env.store, pipe.layout.current(pipe.name)
+    return _BucketTask(path, files_by_bucket(store, path, pinned.get("current")), image,
+                       current_key(pipe), pipe.table.physical.keyed_changes, store.reader(),
+                       store.opener(), file_token("part", batch))
 
 
 def files_by_bucket(store: Store, path: str, version: int | None) -> dict[int, list[Any]]:
@@ -130,10 +136,26 @@ class _BucketTask:
     opener: Callable[[str, str], Any]
     token: str  # the start of the files' names (``writes.file_token``)
 
+    def output(self, files: DataFrame) -> Output:
+        """The write job's output of the files the tasks wrote (``files``): it replaces the
+        buckets the changelog's files report."""
+        return Output("current", self.path, files, bucketed=True, replace_reported="changelog",
+                      written=self.image.append(pa.field(BUCKET, pa.int32())))
+
     def run(self, key: tuple, events: pa.Table) -> pa.Table:
-        bucket = key[0].as_py()
-        old = read_bucket(self.reader, self.path, self.files.get(bucket, []), self.image)
+        return pa.Table.from_pylist(self.bucket(key[0].as_py(), events),
+                                    schema=written_schema())
+
+    def bucket(self, bucket: int, events: pa.Table) -> list[dict[str, Any]]:
+        """The bucket's new file after its ``events``, written (none when it is empty)."""
+        files = self.files.get(bucket, [])
+        old = bucket_cache.cached(self.path, bucket, [f["path"] for f in files])
+        if old is None:
+            old = read_bucket(self.reader, self.path, files, self.image)
         rows = merge_current(old, events, self.keys, self.keyed)
-        files = [write_file(self.opener, self.path, f"{self.token}-{uuid.uuid4().hex[:8]}",
-                            bucket, rows)] if rows.num_rows else []
-        return pa.Table.from_pylist(files, schema=written_schema())
+        if not rows.num_rows:
+            return []
+        done = write_file(self.opener, self.path, f"{self.token}-{uuid.uuid4().hex[:8]}",
+                          bucket, rows)
+        bucket_cache.keep(self.path, bucket, [done["path"]], rows)  # the bucket's one file
+        return [done]

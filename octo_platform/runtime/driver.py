@@ -27,7 +27,6 @@ get what it would have written (the same inputs and pinned state give the same r
 from __future__ import annotations
 
 import os
-from collections import Counter
 from functools import reduce
 from typing import TYPE_CHECKING, Any, Callable
 
@@ -40,8 +39,8 @@ from octo_platform.physical.plan import PAggregate, PhysicalPlan, PJoin, PSource
     POver, PSession, PTopN, PUnion
 from octo_platform.runtime.operators import BatchContext, apply_steps
 from octo_platform.local_frames import arrow_schema
-from octo_platform.runtime.operators.arrow import DRIVER_BYTES, concat, key_join, \
-    normal_floats, primitive, run_starts, safe_keys, sort_indices
+from octo_platform.runtime.operators.arrow import DRIVER_BYTES, concat, key_join, primitive, \
+    safe_keys
 from octo_platform.runtime.operators.kernels import (
     HELD,
     AggregateKernel,
@@ -52,15 +51,14 @@ from octo_platform.runtime.operators.kernels import (
 )
 from octo_platform.runtime.operators.partition_kernel import OverKernel, SessionKernel, \
     TopNKernel
-from octo_platform.runtime.operators.spark_hash import hashable, spark_hash, spark_pmod
 from octo_platform.runtime.operators.value_filter import ValueFilter
+from octo_platform.runtime.events import arrow_buckets, change_events, event_buckets
 from octo_platform.runtime.driver_inputs import LocalInputs, read_local
 from octo_platform.runtime.inputs import read_inputs, set_watermarks, settle_inputs
 from octo_platform.runtime.metrics import read_observed
 from octo_platform.runtime.current import current_key, files_by_bucket, kernel_covers, \
     merge_current, merge_keyed
-from octo_platform.runtime.operators.keyed_rows import KeyedRows, key_hash, same_values, \
-    sorted_hashes
+from octo_platform.runtime.operators.keyed_rows import KeyedRows
 from octo_platform.runtime.operators.tasks import read_bucket
 from octo_platform.runtime.sink import appends_current, event_bucket, write_dead_letters
 from octo_platform.runtime.writes import LocalOutput, by_bucket, threaded, write_local
@@ -116,7 +114,6 @@ DEFAULT_DRIVER_STATE_ROWS = default_driver_state_rows()
 _KAFKA_RECORD_BYTES = 1024  # a Kafka record's bytes are not known before it is fetched
 _TEXT_BYTES_PER_ROW = 4096  # a text file bigger than this per allowed row is not counted
 _W = quote(WEIGHT)
-_SIGN = "__octo_sign"
 _CURRENT = f"{HELD}current"  # the run's current-state rows by bucket, and their version
 
 
@@ -303,13 +300,8 @@ def with_bucket(pipe: TableRun, lc: LocalContext, events: pa.Table) -> pa.Table:
     """``events`` with each event's current-state bucket (``sink.event_bucket``): computed
     in Arrow for keys of the types ``spark_hash`` covers, else by Spark."""
     keys = current_key(pipe)
-    image = events.schema.field("after").type
-    if not keys:
-        return events.append_column(BUCKET, pa.array([0] * events.num_rows, pa.int32()))
-    if all(hashable(image.field(k).type) for k in keys):
-        columns = [pc.coalesce(pc.struct_field(events["after"], k),
-                               pc.struct_field(events["before"], k)) for k in keys]
-        return events.append_column(BUCKET, spark_pmod(spark_hash(columns), pipe.buckets))
+    if arrow_buckets(events.schema.field("after").type, keys):
+        return events.append_column(BUCKET, event_buckets(events, keys, pipe.buckets))
     return lc.sql("events", events, lambda df: df.selectExpr(
         "*", f"{event_bucket(pipe)} AS {BUCKET}"))
 
@@ -381,129 +373,6 @@ def encode(pipe: TableRun, delta: pa.Table, batch: int, ts_ms: int) -> pa.Table:
     plan = pipe.table.physical
     return change_events(delta, plan.root.columns, plan.pk, table=pipe.name, batch=batch,
                          ts_ms=ts_ms)
-
-
-def change_events(delta: pa.Table, columns: tuple[str, ...], pk: tuple[str, ...] | None, *,
-                  table: str, batch: int, ts_ms: int) -> pa.Table:
-    """Change events of weighted rows in Arrow, as ``connectors.debezium.encode`` makes
-    them with Spark: weights consolidated; with a primary key, the i-th retraction and the
-    i-th insertion of a key (in the order of their values) become one ``u``."""
-    cols = list(columns)
-    image = pa.struct([pa.field(c, delta.schema.field(c).type) for c in cols])
-    pairs = _pairs if all(primitive(f.type) for f in image) else _pairs_of_rows
-    before, after = pairs(delta, cols, pk, image)
-    n = len(before)
-    source = pa.scalar({"table": table, "batch_id": batch, "connector": "octo"},
-                       pa.struct([("table", pa.string()), ("batch_id", pa.int64()),
-                                  ("connector", pa.string())]))
-    op = pc.if_else(pc.is_null(before), pa.scalar("c"),
-                    pc.if_else(pc.is_null(after), pa.scalar("d"), pa.scalar("u")))
-    return pa.table({"op": op, "before": before, "after": after,
-                     "ts_ms": pa.array(np.full(n, ts_ms, np.int64)),
-                     "source": pa.repeat(source, n)})
-
-
-def _pairs(delta: pa.Table, columns: list[str], pk: tuple[str, ...] | None,
-           image: pa.StructType) -> tuple[pa.Array, pa.Array]:
-    """The events' before and after images, in Arrow (columns of ``arrow.primitive``
-    types): floats grouped as Spark groups them, a key's retractions and insertions each
-    in Spark's ascending order (NULLs first), paired by rank."""
-    rows = normal_floats(delta.select([*columns, WEIGHT]))
-    sums = rows.group_by(columns, use_threads=False).aggregate([(WEIGHT, "sum")])
-    w = sums.column(f"{WEIGHT}_sum").to_numpy()
-    live = np.flatnonzero(w)
-    units = np.repeat(live, np.abs(w[live]))  # one row per unit of weight
-    rows, sign = sums.select(columns).take(units), np.sign(w[units]).astype(np.int8)
-    if pk is None:
-        return _images(rows, image, sign > 0), _images(rows, image, sign < 0)
-    paired = _one_each(rows, sign, list(pk))
-    if paired is not None:
-        return tuple(_images(rows.take(pa.array(at, mask=at < 0)), image, at < 0)
-                     for at in paired)  # type: ignore[return-value]
-    rows = rows.append_column(_SIGN, pa.array(sign))
-    order = sort_indices(rows, [(c, False, True) for c in [*pk, _SIGN, *columns]])
-    rows, sign = rows.take(order), sign[order.to_numpy()]
-    at = np.arange(rows.num_rows)
-    key_starts = run_starts(rows, list(pk))
-    starts = key_starts | run_starts(rows, [_SIGN])
-    key = np.cumsum(key_starts)  # the key's number, in order
-    rank = at - np.maximum.accumulate(np.where(starts, at, 0))
-    gone, new = (pa.table({"k": key[m], "r": rank[m], "i": at[m]}) for m in (sign < 0, sign > 0))
-    paired = gone.join(new, keys=["k", "r"], join_type="full outer", left_suffix="_b",
-                       right_suffix="_a", use_threads=False).sort_by([("k", "ascending"),
-                                                                        ("r", "ascending")])
-    return tuple(_images(rows.take(paired[f"i_{s}"]), image, pc.is_null(paired[f"i_{s}"]))
-                 for s in "ba")  # type: ignore[return-value]
-
-
-def _one_each(rows: pa.Table, sign: np.ndarray, pk: list[str]
-              ) -> tuple[np.ndarray, np.ndarray] | None:
-    """When each key of ``pk`` has at most one retraction and one insertion among ``rows``
-    (a GROUP BY's or a keyed join's usual change), their pairs found by the key's hash, no
-    sort of the rows: per event the row of its before and of its after image (-1: none), in
-    the keys' hash order. None otherwise (``_pairs`` ranks each key's rows)."""
-    h = key_hash(rows, pk)
-    if h is None:
-        return None
-    ordered, order = sorted_hashes(h)
-    same = ordered[1:] == ordered[:-1]  # a key's two rows (or two keys' equal hashes)
-    first, second = order[:-1][same], order[1:][same]
-    if np.any(same[1:] & same[:-1]) or np.any(sign[first] == sign[second]) or not all(
-            pc.all(same_values(rows[k].take(first), rows[k].take(second))).as_py() is not False
-            for k in pk):
-        return None
-    starts = np.ones(len(order), bool)
-    starts[1:] = ~same
-    run = np.cumsum(starts) - 1  # the event of each sorted row
-    before, after = (np.full(int(starts.sum()), -1) for _ in "ba")
-    gone = sign[order] < 0
-    before[run[gone]], after[run[~gone]] = order[gone], order[~gone]
-    return before, after
-
-
-def _images(rows: pa.Table, image: pa.StructType, missing: Any) -> pa.Array:
-    """``rows`` as a struct array of ``image``, NULL where ``missing`` (booleans: numpy's
-    or Arrow's)."""
-    if isinstance(missing, pa.ChunkedArray):  # pa.array() would take it value by value
-        missing = missing.combine_chunks()
-    elif not isinstance(missing, pa.Array):
-        missing = pa.array(missing, pa.bool_())
-    return pa.StructArray.from_arrays([rows.column(f.name).combine_chunks().cast(f.type)
-                                       for f in image], fields=list(image), mask=missing)
-
-
-def _pairs_of_rows(delta: pa.Table, columns: list[str], pk: tuple[str, ...] | None,
-                   image: pa.StructType) -> tuple[pa.Array, pa.Array]:
-    """``_pairs`` row by row, for images with nested types (Arrow neither groups nor sorts
-    them)."""
-    weights: Counter = Counter()
-    for row in delta.to_pylist():
-        weights[tuple(row[c] for c in columns)] += row[WEIGHT]
-    pairs: list[tuple[tuple | None, tuple | None]] = []
-    if pk is None:
-        for values, w in weights.items():
-            pairs += [(None, values) if w > 0 else (values, None)] * abs(w)
-    else:
-        at = [columns.index(k) for k in pk]
-        by_key: dict[tuple, tuple[list, list]] = {}
-        for values, w in weights.items():
-            gone, new = by_key.setdefault(tuple(values[i] for i in at), ([], []))
-            (new if w > 0 else gone).extend([values] * abs(w))
-        for gone, new in by_key.values():
-            gone.sort(key=_spark_order)
-            new.sort(key=_spark_order)
-            for i in range(max(len(gone), len(new))):
-                pairs.append((gone[i] if i < len(gone) else None,
-                              new[i] if i < len(new) else None))
-    pairs = [(b, a) for b, a in pairs if b != a]
-    return tuple(pa.array([None if p[which] is None else dict(zip(columns, p[which]))
-                           for p in pairs], image)
-                 for which in (0, 1))  # type: ignore[return-value]
-
-
-def _spark_order(values: tuple) -> tuple:
-    """Spark's ascending order (NULLs first) as a Python sort key."""
-    return tuple((v is not None, v) for v in values)
 
 
 def current(pipe: TableRun, ctx: BatchContext, events: pa.Table, pinned: dict[str, int | None]

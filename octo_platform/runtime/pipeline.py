@@ -263,7 +263,7 @@ class Pipeline:
                     stats: BatchStats, *, resumed: bool) -> dict[str, int | None]:
         """Run the batch's operators and writes as Spark jobs; the new table versions."""
         delta = evaluate(self.table.physical.root, ctx)
-        events = encode(self, ctx, delta, ts_ms, pinned)
+        events = encode(self, ctx, delta, ts_ms, pinned, resumed=resumed)
         written = write_batch(self, ctx, events, pinned, ts_ms, resumed=resumed)
         versions = {**pinned, **written.versions}
         versions["current"] = update_current(self, ctx.batch, events, written, pinned,

@@ -9,6 +9,7 @@ from functools import reduce
 from typing import TYPE_CHECKING, Any
 
 from octo_platform.columns import BUCKET, WEIGHT
+from octo_platform.runtime.colocated import ColocatedEvents, colocated
 from octo_platform.runtime.current import current_key, current_output, kernel_covers
 from octo_platform.runtime.metrics import metrics, observe
 from octo_platform.runtime.operators import BatchContext, bucket_sql, consolidate
@@ -30,11 +31,16 @@ APPENDS_PER_BUCKET = 8
 
 
 def encode(pipe: TableRun, ctx: BatchContext, delta: DataFrame, ts_ms: int,
-           pinned: dict[str, int | None]) -> Events:
+           pinned: dict[str, int | None], *, resumed: bool) -> Events | ColocatedEvents:
     """Δ encoded as change events, each with the ``_bucket`` of its row in the
-    current-state table (bucketed by primary key, or the whole row) as ``_cb``."""
+    current-state table (bucketed by primary key, or the whole row) as ``_cb``; or, where
+    each key's rows are in one of the tasks that computed Δ, those tasks' files of the
+    changelog and the current state (``colocated``). ``resumed``: an earlier attempt of
+    the batch may have committed some of its tables."""
     plan = pipe.table.physical
     columns = plan.root.columns
+    if not appends_current(pipe, pinned) and colocated(pipe, delta, resumed=resumed):
+        return ColocatedEvents(pipe, ctx, delta, ts_ms, pinned)
     if plan.restarts_keys:
         delta = restarted(pipe, delta, pinned)
     if plan.keyed_changes:
@@ -85,7 +91,7 @@ def event_bucket(pipe: TableRun) -> str:
     return f"pmod(hash({ref}), {pipe.buckets})"
 
 
-def write_batch(pipe: TableRun, ctx: BatchContext, events: Events,
+def write_batch(pipe: TableRun, ctx: BatchContext, events: Events | ColocatedEvents,
                 pinned: dict[str, int | None], ts_ms: int, *, resumed: bool) -> Written:
     """Write the batch's changelog, operator state and dead letters in one Spark job and
     commit each table once (idempotently; ``resumed`` as in ``write_outputs``)."""
@@ -100,7 +106,10 @@ def write_batch(pipe: TableRun, ctx: BatchContext, events: Events,
                               None if w.buckets is None else set(w.buckets),
                               remove=w.remove, prefix=w.prefix, written=w.written,
                               replace_reported=key if w.replace_reported else None))
-    outputs.append(Output("changelog", lay.changelog(pipe.name), events.rows, report=_CB))
+    if isinstance(events, ColocatedEvents):
+        outputs += events.outputs
+    else:
+        outputs.append(Output("changelog", lay.changelog(pipe.name), events.rows, report=_CB))
     if events.current is not None and not resumed:  # else ``update_current`` finds them
         outputs.append(events.current)
     if events.appended:

@@ -32,6 +32,7 @@ import pyarrow.compute as pc
 
 from octo_platform.columns import BUCKET, COUNT, WEIGHT
 from octo_platform.physical.plan import PAggregate
+from octo_platform.runtime.operators import bucket_cache
 from octo_platform.runtime.operators.aggregate import Aggregate
 from octo_platform.runtime.operators.aggregate_kernel import (
     AggregateStep,
@@ -128,22 +129,36 @@ class _BucketTask:
         delta = rows.drop_columns([BUCKET])
         delta = delta.filter(pc.not_equal(delta[WEIGHT], 0))  # a visit changes nothing
         layout = [step.logged, *[step.ms_logged(i) for i in step.ms]]
+        # The state's rows after the batch are kept on this machine (``bucket_cache``) where
+        # they are the bucket's live rows: no windows that close, no expiry, no multisets.
+        keep = bool(keys) and not self.emit and step.closes is None and self.cut is None \
+            and not step.ms
         befores, files = [], []
         for j, ((path, log), logged) in enumerate(zip(self.tables, layout)):
             mine = log.get(bucket, [])
             names, alive = (keys, COUNT if keys else None) if j == 0 else \
                 ([*keys, "v"], "cnt")  # the one group of no key stays with count 0
-            before = live_rows(read_bucket(self.reader, path, mine, logged), mine, names, alive)
+            before = bucket_cache.cached(path, bucket, [f["path"] for f in mine]) \
+                if keep else None
+            if before is None:
+                before = live_rows(read_bucket(self.reader, path, mine, logged), mine, names,
+                                   alive)
             if self.cut is not None:  # an expired group starts afresh
                 before = before.filter(pc.greater(before[BATCH], self.cut))
             befores.append(before)
             files.append(mine)
         done = step.run(delta, befores[0], {i: b for i, b in zip(step.ms, befores[1:])},
-                        keep_after=False)
+                        keep_after=keep)
         accs = step.closing(done.table, befores[0], *self.marks) if self.emit else done.table
         parts = [(0, "o", accs)]
         changed = [done.changes, *[c for c, _ in done.ms.values()]]
         for j, (changes, before, mine) in enumerate(zip(changed, befores, files)):
-            parts += log_parts(j, self.files[j], bucket, changes, mine, bucket in self.due[j],
-                               lambda b=before: step.open_rows(b, self.marks[1]))
+            due = bucket in self.due[j]
+            mine_parts = log_parts(j, self.files[j], bucket, changes, mine, due,
+                                   lambda b=before: step.open_rows(b, self.marks[1]))
+            if keep and mine_parts:  # the files the commit leaves the bucket, and their rows
+                wrote = [p for _, _, t in mine_parts for p in t.column("path").to_pylist()]
+                kept = [] if due or not mine else [f["path"] for f in mine]
+                bucket_cache.keep(self.tables[j][0], bucket, kept + wrote, done.after)
+            parts += mine_parts
         return tagged(self.out, parts, bucket)
