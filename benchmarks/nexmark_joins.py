@@ -291,7 +291,8 @@ def same_multiset(got: list[dict[str, Any]], want: list[dict[str, Any]]) -> bool
 
 # -- one scale --------------------------------------------------------------------------------
 def measure(spark: Any, out: Path, label: str, sizes: dict[str, Any], *, seed: int = 7,
-            buckets: int | None = None, count_jobs_phase: bool = True) -> dict[str, Any]:
+            buckets: int | None = None, count_jobs_phase: bool = True,
+            driver_rows: int | None = None) -> dict[str, Any]:
     """History, measured batches, a counted one-batch run and the recompute for one size."""
     manifest = generate_input(out / "data" / label, sizes, seed)
     files, counts, phases = manifest["files"], manifest["counts"], manifest["phases"]
@@ -300,7 +301,9 @@ def measure(spark: Any, out: Path, label: str, sizes: dict[str, Any], *, seed: i
     input_dir = workdir / "input"
     project = write_project(input_dir, workdir)
     warehouse = workdir / "warehouse"
-    opts = {} if buckets is None else {"buckets": buckets}
+    opts: dict[str, Any] = {} if buckets is None else {"buckets": buckets}
+    if driver_rows is not None:  # 0: every batch on the Spark path
+        opts["driver_rows"] = driver_rows
     res: dict[str, Any] = {"sizes": sizes, "generate_s": manifest.get("generate_s"),
                            "events": {p: _total(counts, idx=ix) for p, ix in phases.items()},
                            "queries": {}}
@@ -353,11 +356,12 @@ def measure(spark: Any, out: Path, label: str, sizes: dict[str, Any], *, seed: i
     return res
 
 
-def warm_up(spark: Any, out: Path, seed: int = 7, buckets: int | None = None) -> None:
+def warm_up(spark: Any, out: Path, seed: int = 7, buckets: int | None = None,
+            driver_rows: int | None = None) -> None:
     """Both paths once on a tiny input (JIT, first-use costs), results discarded."""
     log("[nexmark] warm-up")
     measure(spark, out, "warmup", WARMUP, seed=seed + 1, buckets=buckets,
-            count_jobs_phase=False)
+            count_jobs_phase=False, driver_rows=driver_rows)
 
 
 def targets(res: dict[str, Any], goal: float | None, jobs_row: bool = True) -> list[Target]:
@@ -424,6 +428,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--batch-events", type=int)
     ap.add_argument("--measured-batches", type=int)
     ap.add_argument("--buckets", type=int, help="default_options(buckets=...) if it takes it")
+    ap.add_argument("--driver-rows", type=int,
+                    help="octo's driver_rows (0: every batch on the Spark path)")
     ap.add_argument("--seed", type=int, default=7)
     ap.add_argument("--no-warmup", action="store_true")
     ap.add_argument("--out", type=Path, default=Path("/tmp/octo-bench/nexmark_joins"))
@@ -435,8 +441,9 @@ def main(argv: list[str] | None = None) -> int:
     try:
         env = env_info(spark)
         if not args.no_warmup:
-            warm_up(spark, args.out, args.seed, args.buckets)
-        res = measure(spark, args.out, args.scale, sizes, seed=args.seed, buckets=args.buckets)
+            warm_up(spark, args.out, args.seed, args.buckets, args.driver_rows)
+        res = measure(spark, args.out, args.scale, sizes, seed=args.seed, buckets=args.buckets,
+                      driver_rows=args.driver_rows)
     finally:
         spark.stop()
     env["loadavg_end"] = os.getloadavg()

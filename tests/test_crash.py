@@ -58,7 +58,10 @@ def make_project(root: Path, debezium: bool) -> RandomInput:
     return src
 
 
-def test_sigkill_at_random_moments_loses_and_doubles_nothing(spark, tmp_path):
+@pytest.mark.parametrize("path", ["driver", "spark"])
+def test_sigkill_at_random_moments_loses_and_doubles_nothing(spark, tmp_path, path):
+    """On the driver path (small batches), and on the Spark path (``--driver-rows 0``: its
+    tasks write the GROUP BYs' tables and keep their buckets on this machine)."""
     crashed, reference = tmp_path / "crashed", tmp_path / "reference"
     src = make_project(crashed, debezium=True)
     shutil.copytree(crashed, reference)
@@ -66,7 +69,7 @@ def test_sigkill_at_random_moments_loses_and_doubles_nothing(spark, tmp_path):
 
     rng = random.Random(7)
     env = {**os.environ, "PYSPARK_PYTHON": sys.executable}
-    cmd = octo_run(crashed)
+    cmd = octo_run(crashed) + (["--driver-rows", "0"] if path == "spark" else [])
 
     log = tmp_path / "runs.log"
     until = mid_run(log, rng, batches=(1, 3), delay=1.0)

@@ -39,48 +39,48 @@ if TYPE_CHECKING:
     from octo_platform.runtime.operators import BatchContext
     from octo_platform.runtime.table_run import TableRun
 
-__all__ = ["colocated", "ColocatedEvents"]
+__all__ = ["colocated", "covered", "colocated_events", "table_writer", "ColocatedEvents", "TableWriter",
+           "FILES", "FILES_DDL"]
 
 _OPS = ("c", "u", "d")
 _OUT = "_out"  # a file row's table: 0 the changelog, 1 the current state
-_SCHEMA = f"{WRITTEN_SCHEMA}, {_OUT} INT, " + ", ".join(f"{op} BIGINT" for op in _OPS)
+# What the writing tasks return: a row per file written, its table, and (the changelog's)
+# the events in it by op.
+FILES = pa.schema([*written_schema(), (_OUT, pa.int32()), *[(op, pa.int64()) for op in _OPS]])
+FILES_DDL = f"{WRITTEN_SCHEMA}, {_OUT} INT, " + ", ".join(f"{op} BIGINT" for op in _OPS)
 
 
-def colocated(pipe: TableRun, delta: DataFrame, *, resumed: bool) -> bool:
-    """Whether the batch's tasks write its changelog and current state (the module
-    docstring): keyed changes, no key ``state_ttl`` restarts, columns Arrow pairs and hashes,
-    and a first attempt (a resumed one may find one of the two tables committed)."""
+def colocated(pipe: TableRun, *, resumed: bool) -> bool:
+    """Whether the batch's tasks may write its changelog and current state (the module
+    docstring): keyed changes, no ``state_ttl`` restarts of keys, and a first attempt (a
+    resumed one may find one of the two tables committed). Its columns must be ``covered``
+    too."""
     plan = pipe.table.physical
-    if resumed or not plan.keyed_changes or plan.restarts_keys:
-        return False
-    image = arrow_schema(delta.drop(WEIGHT).schema)
+    return plan.keyed_changes and not plan.restarts_keys and not resumed
+
+
+def covered(pipe: TableRun, image: pa.Schema) -> bool:
+    """Whether the tasks pair and place events of rows ``image`` (Arrow types)."""
     return all(primitive(f.type) for f in image) and kernel_covers(pipe, image) and \
         arrow_buckets(pa.struct(list(image)), current_key(pipe))
 
 
 class ColocatedEvents:
     """A batch's change events as the files its tasks wrote (``outputs``), counted by op
-    (``sink.Events``' counterpart)."""
+    (``sink.Events``' counterpart). ``files``: the tasks' rows (``TableWriter.write``'s),
+    read by both outputs (a checkpoint, or one that the outputs' job computes once)."""
 
     appended = False
     current = None
 
-    def __init__(self, pipe: TableRun, ctx: BatchContext, delta: DataFrame, ts_ms: int,
-                 pinned: dict[str, int | None]) -> None:
-        plan = pipe.table.physical
-        delta = delta.toDF(*plan.root.columns, WEIGHT)
-        rows = arrow_schema(delta.schema)
-        image = rows.remove(rows.get_field_index(WEIGHT))
-        task = _Task(rows, plan.root.columns, plan.pk, pipe.name, ctx.batch, ts_ms,
-                     pipe.buckets, pipe.layout.changelog(pipe.name),
-                     file_token("part", ctx.batch), bucket_task(pipe, image, ctx.batch, pinned))
-        files = ctx.checkpoint(delta.mapInArrow(task.run, _SCHEMA))  # read by both outputs
+    def __init__(self, files: DataFrame, writer: TableWriter) -> None:
         observed, self.observation = observe(files, *[f"sum({op}) AS {op}" for op in _OPS])
         written = [f.name for f in written_schema()]
         self.outputs = [
-            Output("changelog", task.changelog, observed.filter(f"{_OUT} = 0").select(*written),
-                   written=task.events_schema()),
-            task.current.output(files.filter(f"{_OUT} = 1").select(*written))]
+            Output("changelog", writer.changelog,
+                   observed.filter(f"{_OUT} = 0").select(*written),
+                   written=writer.events_schema()),
+            writer.current.output(files.filter(f"{_OUT} = 1").select(*written))]
 
     def counts(self, known: dict[str, dict[str, Any]] | None = None) -> dict[str, int]:
         """Events by op (``known``: ``BatchContext.observed``)."""
@@ -88,10 +88,34 @@ class ColocatedEvents:
         return {op: int(n) for op, n in got.items() if n}
 
 
+def table_writer(pipe: TableRun, batch: int, ts_ms: int, pinned: dict[str, int | None],
+                 rows: pa.Schema) -> TableWriter | None:
+    """What a task needs to write the batch's changelog and current state from Δ rows of
+    ``rows`` (the table's columns and ``_w``); None where it does not cover them."""
+    plan = pipe.table.physical
+    image = rows.remove(rows.get_field_index(WEIGHT))
+    if not covered(pipe, image):
+        return None
+    return TableWriter(rows, plan.root.columns, plan.pk, pipe.name, batch, ts_ms, pipe.buckets,
+                       pipe.layout.changelog(pipe.name), file_token("part", batch),
+                       bucket_task(pipe, image, batch, pinned))
+
+
+def colocated_events(pipe: TableRun, ctx: BatchContext, delta: DataFrame, ts_ms: int,
+                     pinned: dict[str, int | None]) -> ColocatedEvents | None:
+    """The batch's events written by a task per partition of Δ (``delta``), where
+    ``covered``."""
+    delta = delta.toDF(*pipe.table.physical.root.columns, WEIGHT)
+    writer = table_writer(pipe, ctx.batch, ts_ms, pinned, arrow_schema(delta.schema))
+    if writer is None:
+        return None
+    return ColocatedEvents(ctx.checkpoint(delta.mapInArrow(writer.run, FILES_DDL)), writer)
+
+
 @dataclass(frozen=True)
-class _Task:
-    """The ``mapInArrow`` function (runs in Spark tasks): a partition's Δ rows -> its
-    changelog file, its current-state buckets' new files (the module docstring)."""
+class TableWriter:
+    """Runs in Spark tasks: Δ rows (of whole keys) -> the changelog file of their events
+    and the new files of the current-state buckets they fall in (the module docstring)."""
 
     rows: pa.Schema  # the Δ's columns and ``_w``
     columns: tuple[str, ...]
@@ -108,26 +132,39 @@ class _Task:
         return change_events(delta, self.columns, self.pk, table=self.table, batch=self.batch,
                              ts_ms=self.ts_ms)
 
+    @staticmethod
+    def files_type() -> Any:
+        """``FILES`` as a Spark type."""
+        from pyspark.sql.pandas.types import from_arrow_schema
+
+        return from_arrow_schema(FILES)
+
     def events_schema(self) -> pa.Schema:
         """The changelog's columns, as the tasks write them."""
         return self.events(self.rows.empty_table()).schema
 
     def run(self, batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
+        """The ``mapInArrow`` function: a partition's Δ rows -> ``write``'s rows."""
         task_started()
         parts = list(batches)
         delta = pa.Table.from_batches(parts).cast(self.rows) if parts else \
             self.rows.empty_table()
+        yield from self.write(delta).to_batches()
+
+    def write(self, delta: pa.Table, bucket: int | None = None) -> pa.Table:
+        """The files written for ``delta`` (rows ``FILES``); ``bucket``: every event must
+        fall in this current-state bucket (the task's own)."""
         events = self.events(delta)
-        out = pa.schema([*written_schema(), (_OUT, pa.int32()),
-                         *[(op, pa.int64()) for op in _OPS]])
         if not events.num_rows:
-            yield from out.empty_table().to_batches()
-            return
+            return FILES.empty_table()
         buckets = event_buckets(events, list(self.current.keys), self.buckets)
-        counts = {op: 0 for op in _OPS}
+        touched = sorted(set(buckets.to_pylist()))
+        if bucket is not None and touched != [bucket]:
+            raise RuntimeError(f"events of current-state buckets {touched} in the task of "
+                               f"bucket {bucket}")
+        counts = dict.fromkeys(_OPS, 0)
         counts.update({c["values"]: c["counts"]
                        for c in pc.value_counts(events.column("op")).to_pylist()})
-        touched = sorted(set(buckets.to_pylist()))
         written = [{**write_file(self.current.opener, self.changelog,
                                  f"{self.token}-{uuid.uuid4().hex[:8]}", None, events, touched),
                     _OUT: 0, **counts}]
@@ -135,4 +172,4 @@ class _Task:
                                                                                    buckets)):
             written += [{**f, _OUT: 1, **dict.fromkeys(_OPS, 0)}
                         for f in self.current.bucket(b, part)]
-        yield from pa.Table.from_pylist(written, schema=out).to_batches()
+        return pa.Table.from_pylist(written, schema=FILES)

@@ -111,7 +111,7 @@ def bucket_task(pipe: TableRun, image: pa.Schema, batch: int, pinned: dict[str, 
     store, path = pipe.env.store, pipe.layout.current(pipe.name)
     return _BucketTask(path, files_by_bucket(store, path, pinned.get("current")), image,
                        current_key(pipe), pipe.table.physical.keyed_changes, store.reader(),
-                       store.opener(), file_token("part", batch))
+                       store.opener(), file_token("part", batch), pipe.cache_counts)
 
 
 def files_by_bucket(store: Store, path: str, version: int | None) -> dict[int, list[Any]]:
@@ -135,6 +135,7 @@ class _BucketTask:
     reader: Callable[[str, str], Any]
     opener: Callable[[str, str], Any]
     token: str  # the start of the files' names (``writes.file_token``)
+    counts: Any = None  # ``TableRun.cache_counts``
 
     def output(self, files: DataFrame) -> Output:
         """The write job's output of the files the tasks wrote (``files``): it replaces the
@@ -149,7 +150,7 @@ class _BucketTask:
     def bucket(self, bucket: int, events: pa.Table) -> list[dict[str, Any]]:
         """The bucket's new file after its ``events``, written (none when it is empty)."""
         files = self.files.get(bucket, [])
-        old = bucket_cache.cached(self.path, bucket, [f["path"] for f in files])
+        old = bucket_cache.cached(self.path, bucket, [f["path"] for f in files], self.counts)
         if old is None:
             old = read_bucket(self.reader, self.path, files, self.image)
         rows = merge_current(old, events, self.keys, self.keyed)

@@ -29,6 +29,7 @@ from octo_platform.runtime.driver import (
     plan_runs_in_driver,
     run_in_driver,
 )
+from octo_platform.runtime.colocated import colocated, table_writer
 from octo_platform.runtime.environment import Environment
 from octo_platform.runtime.inputs import (
     commit_kafka_offsets,
@@ -40,10 +41,11 @@ from octo_platform.runtime.inputs import (
 from octo_platform.runtime.layout import Layout, ScratchLayout
 from octo_platform.runtime.metrics import JobCounter
 from octo_platform.runtime.offsets import BatchLog, source_key
-from octo_platform.runtime.operators import BatchContext, evaluate
+from octo_platform.runtime.operators import BatchContext, Sink, evaluate, picked_columns
+from octo_platform.runtime.operators import bucket_cache
 from octo_platform.runtime.operators.arrow import DRIVER_BYTES
 from octo_platform.runtime.publish import RECOMPUTED, publish_recomputed
-from octo_platform.runtime.sink import encode, update_current, write_batch
+from octo_platform.runtime.sink import appends_current, encode, update_current, write_batch
 from octo_platform.runtime.sinks import SinkRunner, SinkStats
 from octo_platform.runtime.state_log import STATE_FORMAT
 from octo_platform.runtime.stats import BatchStats
@@ -120,6 +122,7 @@ class Pipeline:
         # ... and only while the state they hold there is at most this many rows.
         self.driver_state_rows = driver_state_rows
         self.state_too_large = False  # said once a run
+        self.cache_counts = bucket_cache.counter(spark)
         self.inputs = input_specs(project, table, layout)
         self.log = BatchLog(env.store, layout.log(self.name))
         self.delta_sources = {
@@ -191,7 +194,7 @@ class Pipeline:
             lambda t, b: store.files(self.layout.state(self.name, t), pinned.get(f"state/{t}"), b),
             state_log=state_log, memo=self.memo,
             state_path=lambda t: self.layout.state(self.name, t), reader=store.reader(),
-            opener=store.opener())
+            opener=store.opener(), cache_counts=self.cache_counts)
         if self.table.physical.state_ttl:
             ctx.expired_through = self.expired_through(stats.watermark,
                                                        self.table.physical.state_ttl)
@@ -262,9 +265,18 @@ class Pipeline:
     def spark_batch(self, ctx: BatchContext, pinned: dict[str, int | None], ts_ms: int,
                     stats: BatchStats, *, resumed: bool) -> dict[str, int | None]:
         """Run the batch's operators and writes as Spark jobs; the new table versions."""
-        delta = evaluate(self.table.physical.root, ctx)
+        plan = self.table.physical
+        picked = picked_columns(plan.root)
+        if picked is not None and colocated(self, resumed=resumed) and \
+                not appends_current(self, pinned):
+            ctx.sink = Sink(picked[0], plan.root.columns, picked[1], plan.pk,
+                            lambda rows: table_writer(self, ctx.batch, ts_ms, pinned, rows))
+        counted = self.cache_counts.value
+        delta = evaluate(plan.root, ctx)
         events = encode(self, ctx, delta, ts_ms, pinned, resumed=resumed)
         written = write_batch(self, ctx, events, pinned, ts_ms, resumed=resumed)
+        now = self.cache_counts.value
+        stats.cached_buckets = (now[0] - counted[0], now[1] - counted[1])
         versions = {**pinned, **written.versions}
         versions["current"] = update_current(self, ctx.batch, events, written, pinned,
                                              resumed=resumed)

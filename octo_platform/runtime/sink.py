@@ -9,7 +9,7 @@ from functools import reduce
 from typing import TYPE_CHECKING, Any
 
 from octo_platform.columns import BUCKET, WEIGHT
-from octo_platform.runtime.colocated import ColocatedEvents, colocated
+from octo_platform.runtime.colocated import ColocatedEvents, colocated, colocated_events
 from octo_platform.runtime.current import current_key, current_output, kernel_covers
 from octo_platform.runtime.metrics import metrics, observe
 from octo_platform.runtime.operators import BatchContext, bucket_sql, consolidate
@@ -39,8 +39,12 @@ def encode(pipe: TableRun, ctx: BatchContext, delta: DataFrame, ts_ms: int,
     the batch may have committed some of its tables."""
     plan = pipe.table.physical
     columns = plan.root.columns
-    if not appends_current(pipe, pinned) and colocated(pipe, delta, resumed=resumed):
-        return ColocatedEvents(pipe, ctx, delta, ts_ms, pinned)
+    if ctx.sunk is not None:  # the operator's tasks wrote the table
+        return ColocatedEvents(*ctx.sunk)
+    if not appends_current(pipe, pinned) and colocated(pipe, resumed=resumed):
+        done = colocated_events(pipe, ctx, delta, ts_ms, pinned)
+        if done is not None:
+            return done
     if plan.restarts_keys:
         delta = restarted(pipe, delta, pinned)
     if plan.keyed_changes:

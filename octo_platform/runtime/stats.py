@@ -28,6 +28,8 @@ class BatchStats:
     watermarks: dict[str, int] = field(default_factory=dict)
     watermarked: int = 0  # how many of the table's inputs have a watermark
     path: str = "spark"  # where the batch ran: "driver" (small batches) or "spark"
+    # Spark path: state buckets its tasks found in their machine's cache, and looked up
+    cached_buckets: tuple[int, int] = (0, 0)
 
     @property
     def watermark(self) -> int | None:
@@ -41,12 +43,18 @@ class BatchStats:
         wm = "" if self.watermark is None else f", watermark {iso_time(self.watermark)}"
         return (f"[{self.table}] batch {self.batch}: {self.rows_in} rows in, events {ops}, "
                 f"{self.dead_letters} dead letters{late}{wm}, {self.seconds:.2f}s, "
-                f"{self.spark_jobs} Spark jobs, {self.path} path")
+                f"{self.spark_jobs} Spark jobs, {self.path} path{self.cached()}")
+
+    def cached(self) -> str:
+        hits, lookups = self.cached_buckets
+        return f", {hits}/{lookups} state buckets cached" if lookups else ""
 
     def to_json(self) -> dict[str, Any]:
         out = {"rows_in": self.rows_in, "events": self.events,
                "dead_letters": self.dead_letters, "seconds": round(self.seconds, 3),
                "spark_jobs": self.spark_jobs, "path": self.path}
+        if self.cached_buckets[1]:
+            out["cached_buckets"] = list(self.cached_buckets)
         if self.watermarked:
             out.update(late_rows=self.late_rows, watermark=None if self.watermark is None
                        else iso_time(self.watermark))

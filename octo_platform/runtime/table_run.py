@@ -32,3 +32,4 @@ class TableRun(Protocol):
     log: BatchLog
     watermarked: int  # how many of its inputs have a watermark
     progress: Callable[[str], None] | None
+    cache_counts: Any  # Spark-path tasks' (buckets found in their machine's cache, looked up)

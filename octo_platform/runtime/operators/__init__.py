@@ -36,12 +36,14 @@ from octo_platform.physical.plan import (
 from octo_platform.runtime.operators.aggregate_tasks import run_aggregate
 from octo_platform.runtime.operators.context import (
     BatchContext,
+    Sink,
     StagedWrite,
     StateReader,
     W,
     apply_steps,
     bucket_sql,
     consolidate,
+    picked_columns,
     touched_buckets,
 )
 from octo_platform.runtime.operators.join_tasks import run_join
@@ -51,7 +53,8 @@ from octo_platform.runtime.operators.partition_tasks import run_partitioned
 if TYPE_CHECKING:
     from pyspark.sql import DataFrame
 
-__all__ = ["StateReader", "StagedWrite", "BatchContext", "evaluate", "bucket_sql",
+__all__ = ["StateReader", "StagedWrite", "BatchContext", "Sink", "picked_columns", "evaluate",
+           "bucket_sql",
            "apply_steps", "consolidate", "touched_buckets"]
 
 
@@ -60,7 +63,10 @@ def evaluate(node: PNode, ctx: BatchContext) -> DataFrame:
     if isinstance(node, PSource):
         return ctx.inputs[node.name.lower()]
     if isinstance(node, PStateless):
-        return apply_steps(evaluate(node.input, ctx), node.steps, W)
+        rows = evaluate(node.input, ctx)
+        if ctx.sunk is not None:  # the operator below wrote the table: nothing reads these
+            return rows
+        return apply_steps(rows, node.steps, W)
     if isinstance(node, PUnion):
         parts = [evaluate(c, ctx).toDF(*node.columns, WEIGHT) for c in node.children]
         return reduce(lambda a, b: a.union(b), parts)

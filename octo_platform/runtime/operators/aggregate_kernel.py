@@ -17,10 +17,11 @@ import pyarrow.compute as pc
 from octo_platform.columns import COUNT, WEIGHT
 from octo_platform.local_frames import arrow_schema
 from octo_platform.runtime.operators.arrow import concat, key_join, primitive, safe_keys
+from octo_platform.runtime.operators.keyed_rows import same_values
 from octo_platform.runtime.state_log import BATCH, StateFile, generation
 
-__all__ = ["AggregateStep", "Stepped", "aggregate_step", "newest", "live_rows", "unsuffix",
-           "with_batch_column"]
+__all__ = ["AggregateStep", "Stepped", "aggregate_step", "arrow_output", "newest", "live_rows",
+           "unsuffix", "with_batch_column"]
 
 
 @dataclass
@@ -290,3 +291,54 @@ def unsuffix(name: str, aggs: list[tuple[str, str]]) -> str:
         if name == f"{col}_{fn}":
             return col
     return name
+
+
+def arrow_output(keys: list[str] | tuple[str, ...], aggs: tuple[Any, ...], table: pa.Table,
+                 out: pa.Schema) -> pa.Table | None:
+    """The GROUP BY's output Δ (``out``: its columns and ``_w``) from the step's
+    accumulators (``table``): retractions of the old and insertions of the new result rows
+    where they differ, with ``Aggregate.values``' and ``change_flags``' meaning, when every
+    value already has its output column's type (the Spark operator's final CAST is the
+    identity; an AVG of integers divides as DOUBLE, as Spark's ``/``); else None."""
+    keys = list(keys)
+
+    def values(side: str) -> list[pa.ChunkedArray] | None:
+        got = [table[k] for k in keys]
+        for i, a in enumerate(aggs):
+            if a.strategy == "count":
+                got.append(table[f"{side}{COUNT}" if a.arg is None else f"{side}c{i}"])
+            elif a.strategy == "sum":
+                total, count = table[f"{side}s{i}"], table[f"{side}c{i}"]
+                if a.func != "sum":
+                    if not (pa.types.is_integer(total.type)
+                            or pa.types.is_floating(total.type)):
+                        return None
+                    total = pc.divide(total.cast(pa.float64()), count.cast(pa.float64()))
+                got.append(pc.if_else(pc.greater(count, 0), total,
+                                      pa.scalar(None, total.type)))
+            else:  # running or multiset: the value itself
+                got.append(table[f"{side}m{i}"])
+        if any(v.type != f.type for v, f in zip(got, out)):
+            return None
+        return got
+
+    old_v, new_v = values("o"), values("n")
+    if old_v is None or new_v is None:
+        return None
+    if keys:
+        old_exists = pc.fill_null(pc.greater(table[f"o{COUNT}"], 0), False)
+        new_exists = pc.greater(table[f"n{COUNT}"], 0)
+    else:
+        old_exists = pc.is_valid(table[f"o{COUNT}"])
+        new_exists = pa.repeat(pa.scalar(True), table.num_rows)
+    same = pc.and_(old_exists, new_exists)
+    for a, b in zip(old_v, new_v):
+        same = pc.and_(same, same_values(a, b))
+    changed = pc.and_(table["_touched"], pc.invert(same))
+    parts = []
+    for vals, exists, weight in ((old_v, old_exists, -1), (new_v, new_exists, 1)):
+        pick = pc.and_(changed, exists)
+        part = pa.table([v.filter(pick) for v in vals], names=out.names[:-1])
+        parts.append(part.append_column(
+            WEIGHT, pa.array([weight] * part.num_rows, pa.int64())))
+    return concat(parts, out)

@@ -37,11 +37,13 @@ from octo_platform.runtime.operators.aggregate import Aggregate
 from octo_platform.runtime.operators.aggregate_kernel import (
     AggregateStep,
     aggregate_step,
+    arrow_output,
     live_rows,
 )
 from octo_platform.local_frames import arrow_schema
 from octo_platform.runtime.operators.context import BatchContext, bucket_sql
 from octo_platform.runtime.operators.tasks import (
+    PART,
     Log,
     LogFiles,
     bucket_logs,
@@ -62,6 +64,8 @@ if TYPE_CHECKING:
 
 __all__ = ["run_aggregate"]
 
+_SINK = -1  # the part of the tasks' rows that are the table's files (``_sink``)
+
 
 def run_aggregate(node: PAggregate, ctx: BatchContext, delta: DataFrame) -> DataFrame:
     """The output Δ of GROUP BY ``node``: by its kernel in Spark tasks where it covers the
@@ -72,14 +76,17 @@ def run_aggregate(node: PAggregate, ctx: BatchContext, delta: DataFrame) -> Data
     if step is None or (node.ttl_us and shape.ms_schemas):
         return op.run(delta)
     tables = [node.id, *[node.multiset_table(i) for i in step.ms]]
-    schema = tagged_schema(_accumulators(shape, len(node.keys)))
+    sink = _sink(node, ctx, shape, step)
+    schema = tagged_schema(_accumulators(shape, len(node.keys)),
+                           None if sink is None else {"w": sink[1]})
     args = list(dict.fromkeys([*node.keys, *[a.arg for a in node.aggs if a.arg]]))
     logs, due = bucket_logs(ctx, tables)
     files = log_files(ctx, tables, [with_batch(s) for s in [shape.state_schema,
                                                            *shape.ms_schemas.values()]])
     task = _BucketTask(step, tables=logs, files=files, due=due, out=arrow_schema(schema),
                        reader=ctx.reader, marks=(ctx.watermark_before, ctx.watermark),
-                       emit=node.emit_on_close, cut=op.expired())
+                       emit=node.emit_on_close, cut=op.expired(),
+                       sink=None if sink is None else sink[0], counts=ctx.cache_counts)
     rows = delta.selectExpr(*[quote(c) for c in args], quote(WEIGHT),
                             f"{bucket_sql(node.keys, ctx.buckets)} AS {BUCKET}")
     # Windows close in every bucket, touched or not; due compactions run in their bucket.
@@ -90,10 +97,57 @@ def run_aggregate(node: PAggregate, ctx: BatchContext, delta: DataFrame) -> Data
     rows = visits(rows, WEIGHT, visited)
     out = ctx.checkpoint(rows.groupBy(BUCKET).applyInArrow(functools.partial(run_group, task),
                                                            schema))
+    if sink is not None:  # the tasks wrote the table: no output Δ to compute here
+        ctx.sunk = (out.filter(f"{PART} = {_SINK}").selectExpr("w.*"), sink[0].writer)
+        return stage_logs(ctx, out, tables, due, files)
     # Checkpointed as plain columns: the output's SQL over struct fields made Spark's optimizer
     # inline them into every expression (planning ran out of memory for ten aggregates).
     accs = ctx.checkpoint(stage_logs(ctx, out, tables, due, files))
     return op.rows(accs, shape, "n") if node.emit_on_close else op.output(accs, shape)
+
+
+def _sink(node: PAggregate, ctx: BatchContext, shape: Any, step: AggregateStep
+          ) -> tuple[Any, Any] | None:
+    """Where the GROUP BY's rows are the table's (up to renames: ``BatchContext.sink``), its
+    tasks write the table's changelog and current state themselves (``colocated``), each
+    from the output rows of its bucket's groups (``arrow_output``), when: the groups have
+    keys, they are the table's primary key in their order and types (a group's
+    current-state bucket is then its own: ``arrow_output`` keeps the types), and no window
+    emits on close. What the tasks need (``_Sunk``) and the Spark type of the rows its
+    writer returns; else None."""
+    sink = ctx.sink
+    if sink is None or sink.node is not node or not node.keys or node.emit_on_close:
+        return None
+    out = arrow_schema(shape.out_schema)
+    mine = pa.schema([pa.field(c, f.type) for c, f in zip(node.columns, out)]).append(
+        pa.field(WEIGHT, pa.int64()))
+    pk = [sink.columns[sink.names.index(k)] for k in sink.pk or ()]
+    accs = arrow_schema(_accumulators(shape, len(node.keys))).empty_table()
+    if pk != list(node.columns[:len(node.keys)]) or \
+            arrow_output(step.keys, step.aggs, accs, mine) is None:
+        return None
+    writer = sink.writer(pa.schema([pa.field(n, mine.field(c).type) for n, c in zip(
+        sink.names, sink.columns)]).append(pa.field(WEIGHT, pa.int64())))
+    if writer is None:
+        return None
+    return _Sunk(writer, mine, (*sink.columns, WEIGHT)), writer.files_type()
+
+
+@dataclass(frozen=True)
+class _Sunk:
+    """The table's writer (``colocated.TableWriter``) in the tasks, the GROUP BY's output rows
+    (``rows``: its columns and ``_w``) and, per column of the writer's rows, which of those
+    it is."""
+
+    writer: Any
+    rows: pa.Schema
+    picked: tuple[str, ...]
+
+    def write(self, accs: pa.Table, step: AggregateStep, bucket: int) -> pa.Table:
+        """The files of the table written for the groups' accumulators ``accs``."""
+        rows = arrow_output(step.keys, step.aggs, accs, self.rows)
+        rows = pa.table([rows[c] for c in self.picked], schema=self.writer.rows)
+        return self.writer.write(rows, bucket)
 
 
 def _accumulators(shape: Any, keys: int) -> Any:
@@ -122,6 +176,8 @@ class _BucketTask:
     marks: tuple[int | None, int | None]  # the watermark before and after the batch
     emit: bool  # EMIT ON WINDOW CLOSE: the output is the groups whose window closes
     cut: int | None = None  # ``state_ttl``: the last batch whose state rows expired
+    sink: _Sunk | None = None  # the output written as the table here (``_sink``)
+    counts: Any = None  # ``BatchContext.cache_counts``
 
     def run(self, key: tuple, rows: pa.Table) -> pa.Table:
         bucket = key[0].as_py()
@@ -138,8 +194,8 @@ class _BucketTask:
             mine = log.get(bucket, [])
             names, alive = (keys, COUNT if keys else None) if j == 0 else \
                 ([*keys, "v"], "cnt")  # the one group of no key stays with count 0
-            before = bucket_cache.cached(path, bucket, [f["path"] for f in mine]) \
-                if keep else None
+            before = bucket_cache.cached(path, bucket, [f["path"] for f in mine],
+                                         self.counts) if keep else None
             if before is None:
                 before = live_rows(read_bucket(self.reader, path, mine, logged), mine, names,
                                    alive)
@@ -150,7 +206,10 @@ class _BucketTask:
         done = step.run(delta, befores[0], {i: b for i, b in zip(step.ms, befores[1:])},
                         keep_after=keep)
         accs = step.closing(done.table, befores[0], *self.marks) if self.emit else done.table
-        parts = [(0, "o", accs)]
+        if self.sink is None:
+            parts = [(0, "o", accs)]
+        else:  # the table's files, of this bucket's groups' output rows
+            parts = [(_SINK, "w", self.sink.write(accs, step, bucket))]
         changed = [done.changes, *[c for c, _ in done.ms.values()]]
         for j, (changes, before, mine) in enumerate(zip(changed, befores, files)):
             due = bucket in self.due[j]

@@ -17,10 +17,12 @@ import os
 import tempfile
 import uuid
 from pathlib import Path
+from typing import Any
 
 import pyarrow as pa
+from pyspark.accumulators import AccumulatorParam
 
-__all__ = ["CACHE_ENV", "cached", "keep"]
+__all__ = ["CACHE_ENV", "cached", "keep", "counter"]
 
 CACHE_ENV = "OCTO_STATE_CACHE"  # a directory, or "off"
 
@@ -36,17 +38,35 @@ def _entry(files: list[str]) -> str:
     return hashlib.sha1("\n".join(sorted(files)).encode()).hexdigest()[:24] + ".arrow"
 
 
-def cached(table: str, bucket: int, files: list[str]) -> pa.Table | None:
+def cached(table: str, bucket: int, files: list[str], counts: Any = None) -> pa.Table | None:
     """The rows of ``table``'s bucket as its data ``files`` (paths relative to the table)
-    hold them, if this machine kept them; else None."""
+    hold them, if this machine kept them; else None. ``counts`` (``counter``) gets (1, 1)
+    for a bucket found here, (0, 1) for one with files that was not."""
     where = _bucket_dir(table, bucket)
     if where is None or not files:
         return None
     try:
         with pa.memory_map(str(where / _entry(files))) as source:
-            return pa.ipc.open_file(source).read_all()
+            rows = pa.ipc.open_file(source).read_all()
     except (OSError, pa.ArrowInvalid):
-        return None
+        rows = None
+    if counts is not None:
+        counts.add((int(rows is not None), 1))
+    return rows
+
+
+class _Pairs(AccumulatorParam):
+    def zero(self, value: tuple[int, int]) -> tuple[int, int]:
+        return (0, 0)
+
+    def addInPlace(self, a: tuple[int, int], b: tuple[int, int]) -> tuple[int, int]:
+        return (a[0] + b[0], a[1] + b[1])
+
+
+def counter(spark: Any) -> Any:
+    """A Spark accumulator of (buckets found in the cache, buckets looked up) for tasks to
+    add to (``cached``)."""
+    return spark.sparkContext.accumulator((0, 0), _Pairs())
 
 
 def keep(table: str, bucket: int, files: list[str], rows: pa.Table) -> None:

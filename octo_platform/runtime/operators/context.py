@@ -18,7 +18,8 @@ if TYPE_CHECKING:
     from pyspark.sql import DataFrame, SparkSession
     from pyspark.sql.types import StructType
 
-__all__ = ["StateReader", "StagedWrite", "BatchContext", "PartitionRows", "bucket_sql",
+__all__ = ["StateReader", "StagedWrite", "BatchContext", "Sink", "picked_columns",
+           "PartitionRows", "bucket_sql",
            "apply_steps", "consolidate", "touched_buckets", "positional", "side_schema", "W"]
 
 W = quote(WEIGHT)
@@ -79,6 +80,13 @@ class BatchContext:
     watermark: int | None = None
     # state_ttl: state rows written by this batch or earlier ones are expired.
     expired_through: int | None = None
+    # The table's own writer, offered to the operator under the plan's root (``Sink``); an
+    # operator whose tasks write the table with it sets ``sunk``: (the files they wrote, as
+    # the writer's rows; the writer).
+    sink: Sink | None = None
+    sunk: tuple[DataFrame, Any] | None = None
+    # What the tasks add their state buckets' cache lookups to (``bucket_cache.counter``).
+    cache_counts: Any = None
 
     @property
     def watermark_moved(self) -> bool:
@@ -133,6 +141,38 @@ class BatchContext:
             return StagedWrite(table, rows, None, remove, prefix)
         rows = rows.selectExpr("*", f"{bucket_sql(bucket_keys, self.buckets)} AS {BUCKET}")
         return StagedWrite(table, rows, None, remove, prefix, bucketed=True)
+
+
+@dataclass(frozen=True)
+class Sink:
+    """The table's writer (``colocated.TableWriter``), offered to the operator ``node`` whose
+    output is the table's rows up to renames: the table's column ``names[i]`` is the node's
+    column ``columns[i]``. ``writer``: given the table's rows' Arrow schema (its columns and
+    ``_w``), the writer, or None where it does not cover them."""
+
+    node: Any
+    names: tuple[str, ...]  # the table's columns
+    columns: tuple[str, ...]
+    pk: tuple[str, ...] | None
+    writer: Callable[[pa.Schema], Any]
+
+
+def picked_columns(root: Any) -> tuple[Any, tuple[str, ...]] | None:
+    """The operator under ``root`` whose rows are the table's up to renames (projections of
+    bare column references only), and which of its columns each of the table's is; None
+    where a filter or an expression lies between."""
+    from octo_platform.physical.plan import PStateless
+    from octo_platform.sqltext import unquote
+
+    node, picked = root, list(root.columns)
+    while isinstance(node, PStateless):
+        for kind, names, exprs in reversed(node.steps):
+            refs = dict(zip(names, (unquote(e) for e in exprs))) if kind == "project" else {}
+            if kind != "project" or any(refs.get(c) is None for c in picked):
+                return None
+            picked = [refs[c] for c in picked]  # type: ignore[misc]
+        node = node.input
+    return node, tuple(picked)
 
 
 def bucket_sql(keys: list[str] | tuple[str, ...], buckets: int) -> str:

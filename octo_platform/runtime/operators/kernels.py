@@ -27,12 +27,12 @@ from octo_platform.local_frames import arrow_schema, arrow_type, local_frame
 from octo_platform.physical.plan import PAggregate, PJoin, POver, PSession, PTopN
 from octo_platform.runtime.operators.aggregate import Aggregate
 from octo_platform.runtime.operators.arrow import concat, local_path, read_parquet, spark_eval
-from octo_platform.runtime.operators.aggregate_kernel import aggregate_step, live_rows, \
-    newest, with_batch_column
+from octo_platform.runtime.operators.aggregate_kernel import aggregate_step, arrow_output, \
+    live_rows, newest, with_batch_column
 from octo_platform.runtime.operators.context import BatchContext, bucket_sql
 from octo_platform.runtime.operators.join import Join
 from octo_platform.runtime.operators.join_kernel import summed
-from octo_platform.runtime.operators.keyed_rows import KeyedRows, same_values
+from octo_platform.runtime.operators.keyed_rows import KeyedRows
 from octo_platform.runtime.operators.spark_hash import hashable, spark_hash, spark_pmod
 from octo_platform.runtime.state_log import BATCH, StateFile, compaction, latest, \
     read_log, with_batch
@@ -277,8 +277,8 @@ class AggregateKernel:
     def output(self, table: pa.Table, shape) -> pa.Table:
         """Retractions of the old and insertions of the new result rows, where they
         differ: the values and flags are the Spark operator's SQL, run locally, unless
-        ``arrow_output`` computes them (no call to Spark)."""
-        fast = self.arrow_output(table, shape)
+        ``aggregate_kernel.arrow_output`` computes them (no call to Spark)."""
+        fast = arrow_output(self.keys, self.node.aggs, table, self.out_schema(shape))
         if fast is not None:
             return fast
         n = len(self.node.columns)
@@ -298,54 +298,6 @@ class AggregateKernel:
             return part.append_column(WEIGHT, pa.array([weight] * part.num_rows, pa.int64())
                                       ).rename_columns(out.names)
         return concat([side("o", "_oe", -1), side("n", "_ne", 1)], out)
-
-    def arrow_output(self, table: pa.Table, shape) -> pa.Table | None:
-        """``output`` in Arrow, with ``Aggregate.values``' and ``change_flags``' meaning,
-        when every value already has its output column's type (the final CAST is the
-        identity; an AVG of integers divides as DOUBLE, as Spark's ``/``); else None."""
-        out = self.out_schema(shape)
-
-        def values(side: str) -> list[pa.ChunkedArray] | None:
-            got = [table[k] for k in self.keys]
-            for i, a in enumerate(self.node.aggs):
-                if a.strategy == "count":
-                    got.append(table[f"{side}{COUNT}" if a.arg is None else f"{side}c{i}"])
-                elif a.strategy == "sum":
-                    total, count = table[f"{side}s{i}"], table[f"{side}c{i}"]
-                    if a.func != "sum":
-                        if not (pa.types.is_integer(total.type)
-                                or pa.types.is_floating(total.type)):
-                            return None
-                        total = pc.divide(total.cast(pa.float64()), count.cast(pa.float64()))
-                    got.append(pc.if_else(pc.greater(count, 0), total,
-                                          pa.scalar(None, total.type)))
-                else:  # running or multiset: the value itself
-                    got.append(table[f"{side}m{i}"])
-            if any(v.type != f.type for v, f in zip(got, out)):
-                return None
-            return got
-
-        old_v, new_v = values("o"), values("n")
-        if old_v is None or new_v is None:
-            return None
-        if self.keys:
-            old_exists = pc.fill_null(pc.greater(table[f"o{COUNT}"], 0), False)
-            new_exists = pc.greater(table[f"n{COUNT}"], 0)
-        else:
-            old_exists = pc.is_valid(table[f"o{COUNT}"])
-            new_exists = pa.repeat(pa.scalar(True), table.num_rows)
-        same = pc.and_(old_exists, new_exists)
-        for a, b in zip(old_v, new_v):
-            same = pc.and_(same, same_values(a, b))
-        changed = pc.and_(table["_touched"], pc.invert(same))
-        parts = []
-        for vals, exists, weight in ((old_v, old_exists, -1), (new_v, new_exists, 1)):
-            pick = pc.and_(changed, exists)
-            part = pa.table([v.filter(pick) for v in vals], names=out.names[:-1])
-            parts.append(part.append_column(
-                WEIGHT, pa.array([weight] * part.num_rows, pa.int64())))
-        return concat(parts, out)
-
 
 class JoinKernel:
     """Delta-rule joins: ``join_kernel.JoinStep`` over the run's cache of each side's state

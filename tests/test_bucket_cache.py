@@ -1,0 +1,50 @@
+"""The Spark path's state kept on the machine that computed it (``operators/bucket_cache.py``):
+a later run's tasks find the buckets an earlier run's tasks kept (GROUP BY state and the
+current state), a bucket whose entry is gone is read from Delta, and the tables equal the
+query run as a batch after every round either way. The GROUP BY's tasks write the table
+themselves here (``runtime/colocated.py``): one Spark job, no exchange but the input's."""
+from __future__ import annotations
+
+import shutil
+
+from octo_platform.runtime.operators import bucket_cache
+from octo_platform.runtime.runner import run_tables
+from octo_platform.wiring import default_options
+from tests.oracle import RandomInput, check_tables, write_lines
+
+SQL = """
+CREATE SOURCE src ({ddl}) WITH (connector = 'files', path = 'data/src', format = 'debezium-json',
+    primary_key = 'id');
+CREATE STREAMING TABLE per_k AS SELECT k, COUNT(*) AS n, SUM(v) AS s, AVG(d) AS a
+    FROM src GROUP BY k;
+"""
+BUCKETS = 4
+
+
+def test_later_runs_map_the_buckets_earlier_runs_kept(spark, tmp_path):
+    src = RandomInput(17, debezium=True)
+    (tmp_path / "sql").mkdir()
+    sql = SQL.format(ddl=src.ddl())
+    (tmp_path / "sql" / "t.sql").write_text(sql)
+    warehouse = tmp_path / "warehouse"
+    seen = []
+    for round_no in range(4):
+        write_lines(tmp_path / "data" / "src", f"f{round_no}.json", src.lines(40))
+        if round_no == 3:  # the machine lost its entries: the buckets are read from Delta
+            state = sorted((warehouse / "_octo" / "per_k" / "state").iterdir())
+            assert len(state) == 1  # the GROUP BY's (no value multiset)
+            for path in [str(state[0]), str(warehouse / "_current" / "per_k")]:
+                for b in range(BUCKETS):
+                    where = bucket_cache._bucket_dir(path, b)
+                    shutil.rmtree(where, ignore_errors=True)
+        report = run_tables(spark, tmp_path, options=default_options(
+            buckets=BUCKETS, progress=None, driver_rows=0), until_idle=True)
+        (batch,) = report.batches
+        assert batch.path == "spark" and batch.spark_jobs == 1
+        seen.append(batch.cached_buckets)
+        check_tables(spark, warehouse, sql, {"src": src.relation()}, {"per_k": True}, round_no)
+    assert seen[0] == (0, 0)  # nothing stored yet
+    hits, lookups = seen[1]
+    assert lookups > 0 and hits == lookups, seen  # every bucket the first run kept
+    assert seen[2][0] == seen[2][1] > 0, seen
+    assert seen[3][0] == 0 < seen[3][1], seen
