@@ -52,9 +52,10 @@ def _parser() -> argparse.ArgumentParser:
     run.add_argument("--all", action="store_true", help="run every streaming table")
     run.add_argument("--until-idle", action="store_true",
                      help="process everything available, then exit 0")
-    run.add_argument("--buckets", type=int, default=8,
-                     help="buckets of the current-state table and top-N state (fixed once a "
-                     "table has state)")
+    run.add_argument("--buckets", type=int, default=None,
+                     help="state buckets of a new table (default: its buckets option, else "
+                     "twice the session's cores, at least 8); a table keeps those it was "
+                     "created with")
     run.add_argument("--driver-rows", type=int, default=DEFAULT_DRIVER_ROWS, metavar="N",
                      help="batches of at most N input rows, and sink batches of at most N "
                      "events, run in the driver, with no Spark job (but one to read CSV or "

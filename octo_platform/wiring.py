@@ -11,7 +11,6 @@ from typing import Callable
 from octo_platform.runtime.environment import Environment
 from octo_platform.runtime.driver import DEFAULT_DRIVER_ROWS, DEFAULT_DRIVER_STATE_ROWS
 from octo_platform.runtime.options import RunOptions
-from octo_platform.runtime.pipeline import DEFAULT_BUCKETS
 
 __all__ = ["default_environment", "default_options"]
 
@@ -55,7 +54,7 @@ def default_environment(storage_options: dict[str, str] | None = None) -> Enviro
 
 def default_options(*, warehouse: str | None = None,
                     storage_options: dict[str, str] | None = None,
-                    buckets: int = DEFAULT_BUCKETS,
+                    buckets: int | None = None,
                     progress: Callable[[str], None] | None = print,
                     driver_rows: int = DEFAULT_DRIVER_ROWS,
                     driver_state_rows: int = DEFAULT_DRIVER_STATE_ROWS) -> RunOptions:

@@ -125,3 +125,31 @@ def test_state_of_another_layout_is_refused(spark, tmp_path):
     write_lines(tmp_path / "data", "b.json", ['{"k": 2}'])
     with pytest.raises(RunError, match=r"state format 1.*octo reset c"):
         run_tables(spark, tmp_path, options=default_options(progress=None))
+
+
+def test_a_table_keeps_the_buckets_it_was_created_with(spark, tmp_path):
+    """A new table takes ``--buckets``, else its ``buckets`` option, else twice the
+    session's cores (at least 8); later runs keep them whatever they ask, and the Spark
+    path's tasks and the current state follow them."""
+    src = RandomInput(3, debezium=False)
+    (tmp_path / "sql").mkdir()
+    sql = (f"CREATE SOURCE src ({src.ddl()}) WITH (connector = 'files', path = 'data/src', "
+           "format = 'json');\n"
+           "CREATE STREAMING TABLE by_opt WITH (buckets = '3') AS "
+           "SELECT k, COUNT(*) AS n FROM src GROUP BY k;\n"
+           "CREATE STREAMING TABLE by_default AS SELECT k, SUM(v) AS s FROM src GROUP BY k;\n")
+    (tmp_path / "sql" / "t.sql").write_text(sql)
+    log = lambda t: BatchLog(default_environment().store,  # noqa: E731
+                             str(tmp_path / "warehouse" / "_octo" / t / "log"))
+    for round_no, asked in enumerate((None, 5)):
+        write_lines(tmp_path / "data" / "src", f"f{round_no}.json", src.lines(60))
+        run_tables(spark, tmp_path, options=default_options(
+            progress=None, driver_rows=0, buckets=asked), until_idle=True)
+        for table, want in (("by_opt", 3), ("by_default", 8)):
+            last = log(table).commit_payload(log(table).last_committed)
+            assert last["fingerprint"].endswith(f"-b{want}"), (round_no, table)
+            current = tmp_path / "warehouse" / "_current" / table
+            assert {p.name for p in current.glob("_bucket=*")} <= \
+                {f"_bucket={b}" for b in range(want)}
+        check_tables(spark, tmp_path / "warehouse", sql, {"src": src.relation()},
+                     {"by_opt": True, "by_default": True}, round_no)

@@ -34,7 +34,9 @@ SINK_OPTIONS = ("connector", "bootstrap_servers", "topic", "format", "tombstones
 SINK_CHOICES = {"connector": ("kafka",), "format": ("debezium-json",),
                 "tombstones": ("true", "false")}
 MODES = ("updating", "append-only")
-TABLE_OPTIONS = ("primary_key", "partition_by", "partitions", "partition_start", "state_ttl")
+TABLE_OPTIONS = ("primary_key", "partition_by", "partitions", "partition_start", "state_ttl",
+                 "buckets")
+MAX_BUCKETS = 4096
 
 
 def source_def(stmt: SourceStmt) -> SourceDef:
@@ -169,6 +171,10 @@ def table_options(stmt: TableStmt, columns: tuple[str, ...]
     if unknown:
         raise SqlError(f"{what}: unknown option(s) {', '.join(unknown)} "
                        f"(known: {', '.join(TABLE_OPTIONS)})", stmt.location(unknown[0]))
+    raw = stmt.options.get("buckets")
+    if raw is not None and not (raw.strip().isdigit() and 1 <= int(raw) <= MAX_BUCKETS):
+        raise SqlError(f"{what}: buckets must be a whole number from 1 to {MAX_BUCKETS} "
+                       f"(got {raw!r})", stmt.location("buckets"))
     return pk, _partitioning(stmt, columns, what)
 
 

@@ -16,7 +16,6 @@ from octo_platform.project import DEFAULT_WAREHOUSE
 from octo_platform.runtime.environment import Environment
 from octo_platform.runtime.layout import Layout
 from octo_platform.runtime.driver import DEFAULT_DRIVER_ROWS, DEFAULT_DRIVER_STATE_ROWS
-from octo_platform.runtime.pipeline import DEFAULT_BUCKETS
 
 __all__ = ["RunOptions", "resolve_warehouse"]
 
@@ -35,7 +34,7 @@ class RunOptions:
 
     env: Environment
     warehouse: str | None = None
-    buckets: int = DEFAULT_BUCKETS
+    buckets: int | None = None
     progress: Callable[[str], None] | None = print
     driver_rows: int = DEFAULT_DRIVER_ROWS
     driver_state_rows: int = DEFAULT_DRIVER_STATE_ROWS

@@ -13,6 +13,7 @@ through its own batch log).
 from __future__ import annotations
 
 import gc
+import re
 import time
 from contextlib import contextmanager
 from typing import TYPE_CHECKING, Any, Callable, Iterator
@@ -56,7 +57,9 @@ if TYPE_CHECKING:
 # BatchStats: from ``stats``
 __all__ = ["BatchStats", "Pipeline", "DEFAULT_BUCKETS", "collecting_new_objects"]
 
+# A new table's buckets unless it or the run says: twice the session's cores, at least this.
 DEFAULT_BUCKETS = 8
+BUCKETS_KEY = "_buckets"  # a batch's intent records its table's buckets under this key
 MAINTENANCE_EVERY = 25  # batches between vacuuming state and compacting the batch log
 
 
@@ -68,6 +71,13 @@ def _result_too_large(error: BaseException) -> bool:
     """Whether ``error`` is Spark refusing to send the driver more than
     ``spark.driver.maxResultSize``."""
     return "spark.driver.maxResultSize" in str(error)
+
+
+def default_buckets(spark: SparkSession) -> int:
+    """A new table's buckets: twice the session's parallelism (its cores), at least
+    ``DEFAULT_BUCKETS``; each bucket is a task's unit of state, so a cluster's cores each
+    get some."""
+    return max(DEFAULT_BUCKETS, 2 * spark.sparkContext.defaultParallelism)
 
 
 def free_jvm_objects() -> None:
@@ -103,7 +113,7 @@ class Pipeline:
     """Runs the micro-batches of one streaming table against a warehouse."""
 
     def __init__(self, spark: SparkSession, project: Project, table: CompiledTable,
-                 layout: Layout, env: Environment, *, buckets: int = DEFAULT_BUCKETS,
+                 layout: Layout, env: Environment, *, buckets: int | None = None,
                  progress: Callable[[str], None] | None = print,
                  check_plan: bool = True, driver_rows: int = DEFAULT_DRIVER_ROWS,
                  driver_state_rows: int = DEFAULT_DRIVER_STATE_ROWS) -> None:
@@ -112,10 +122,13 @@ class Pipeline:
         self.table = table
         self.layout = layout
         self.env = env
-        self.buckets = buckets
         self.progress = progress
         self.name = table.name
-        self.fingerprint = f"{table.physical.fingerprint}-b{buckets}"
+        self.log = BatchLog(env.store, layout.log(self.name))
+        option = table.definition.options.get("buckets")
+        self.buckets = self.kept_buckets() or buckets or (int(option) if option else None) \
+            or default_buckets(spark)
+        self.fingerprint = f"{table.physical.fingerprint}-b{self.buckets}"
         self.memo: dict[str, Any] = {}  # per run: shapes, and the driver path's state cache
         # Batches of at most this many input rows run in the driver (``driver.py``).
         self.driver_rows = driver_rows if plan_runs_in_driver(table.physical) else 0
@@ -123,8 +136,12 @@ class Pipeline:
         self.driver_state_rows = driver_state_rows
         self.state_too_large = False  # said once a run
         self.cache_counts = bucket_cache.counter(spark)
+        # An operator's tasks: as many as the session's cores or shuffle partitions, if more,
+        # but no more than the buckets (each task's unit of work): on a cluster, octo's
+        # default of 2 shuffle partitions for local[2] caps nothing.
+        self.tasks = min(self.buckets, max(spark.sparkContext.defaultParallelism, int(
+            spark.conf.get("spark.sql.shuffle.partitions") or 1)))
         self.inputs = input_specs(project, table, layout)
-        self.log = BatchLog(env.store, layout.log(self.name))
         self.delta_sources = {
             src.name.lower(): env.delta_source(sdef, project.source_path(sdef))
             for src in table.physical.sources
@@ -138,6 +155,16 @@ class Pipeline:
             for s in project.sinks_of(self.name)]
         if check_plan:
             self.check_fingerprint()
+
+    def kept_buckets(self) -> int | None:
+        """The buckets the table was created with, once a batch began (its commits' plan
+        fingerprint, or the intent of its first batch): kept whatever the run asks."""
+        last = self.log.commit_payload(self.log.last_committed)
+        found = re.search(r"-b(\d+)$", (last or {}).get("fingerprint", ""))
+        if found:
+            return int(found.group(1))
+        pending = self.log.pending()
+        return int(pending[1][BUCKETS_KEY]) if pending and BUCKETS_KEY in pending[1] else None
 
     def publish(self) -> list[SinkStats]:
         """Let every sink of the table publish what the changelog has (see ``sinks.py``)."""
@@ -172,7 +199,7 @@ class Pipeline:
             _, inputs, ts_ms = pending
         else:
             ts_ms = int(time.time() * 1000)
-            log.append(batch, "intent", inputs, ts_ms)
+            log.append(batch, "intent", {**inputs, BUCKETS_KEY: self.buckets}, ts_ms)
         previous = log.commit_payload(batch - 1) or {}
         pinned: dict[str, int | None] = previous.get("versions", {})
         stats = BatchStats(self.name, batch, watermarks=dict(previous.get("watermarks", {})),
@@ -194,7 +221,7 @@ class Pipeline:
             lambda t, b: store.files(self.layout.state(self.name, t), pinned.get(f"state/{t}"), b),
             state_log=state_log, memo=self.memo,
             state_path=lambda t: self.layout.state(self.name, t), reader=store.reader(),
-            opener=store.opener(), cache_counts=self.cache_counts)
+            opener=store.opener(), cache_counts=self.cache_counts, tasks=self.tasks)
         if self.table.physical.state_ttl:
             ctx.expired_through = self.expired_through(stats.watermark,
                                                        self.table.physical.state_ttl)

@@ -103,8 +103,7 @@ def backfill(
         say(f"[{table.name}] recomputing {what} from the history of batches 0..{last} "
             f"({_describe_history(history)})")
         try:
-            report = _recompute(spark, proj, table, live, scratch, history, window, what,
-                                buckets)
+            report = _recompute(spark, proj, table, live, scratch, history, window, what)
         except BaseException:
             _remove(scratch.warehouse)  # nothing was published: leave nothing behind
             raise
@@ -188,12 +187,11 @@ def _clear(folder: str) -> None:
 
 def _recompute(spark: SparkSession, project: Project, table, live: Pipeline,
                scratch: ScratchLayout, history: dict[str, Any],
-               window: tuple[datetime, datetime] | None, what: str,
-               buckets: int) -> BackfillReport:
+               window: tuple[datetime, datetime] | None, what: str) -> BackfillReport:
     """Run the query over ``history`` into ``scratch``; measure (and for a ``window``,
     check) its difference from the live table."""
     part = table.definition.partitioning
-    Pipeline(spark, project, table, scratch, live.env, buckets=buckets,
+    Pipeline(spark, project, table, scratch, live.env, buckets=live.buckets,
              progress=None).run_batch(0, history)
     pinned = (live.log.commit_payload(live.log.last_committed) or {}).get("versions", {})
     diff = recompute_diff(live, scratch, pinned).persist()

@@ -47,6 +47,7 @@ from octo_platform.runtime.operators.tasks import (
     Log,
     LogFiles,
     bucket_logs,
+    grouped,
     log_files,
     log_parts,
     read_bucket,
@@ -95,8 +96,8 @@ def run_aggregate(node: PAggregate, ctx: BatchContext, delta: DataFrame) -> Data
     if not node.keys and not ctx.state_log(node.id):  # the one group's first row, even
         visited.add(0)  # over no input rows
     rows = visits(rows, WEIGHT, visited)
-    out = ctx.checkpoint(rows.groupBy(BUCKET).applyInArrow(functools.partial(run_group, task),
-                                                           schema))
+    out = ctx.checkpoint(grouped(ctx, rows).applyInArrow(functools.partial(run_group, task),
+                                                         schema))
     if sink is not None:  # the tasks wrote the table: no output Δ to compute here
         ctx.sunk = (out.filter(f"{PART} = {_SINK}").selectExpr("w.*"), sink[0].writer)
         return stage_logs(ctx, out, tables, due, files)

@@ -87,6 +87,9 @@ class BatchContext:
     sunk: tuple[DataFrame, Any] | None = None
     # What the tasks add their state buckets' cache lookups to (``bucket_cache.counter``).
     cache_counts: Any = None
+    # Partitions of an operator's exchange by bucket, its tasks (``Pipeline.tasks``; 0:
+    # ``spark.sql.shuffle.partitions``).
+    tasks: int = 0
 
     @property
     def watermark_moved(self) -> bool:

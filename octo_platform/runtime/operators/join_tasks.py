@@ -38,6 +38,7 @@ from octo_platform.runtime.operators.tasks import (
     Log,
     LogFiles,
     bucket_logs,
+    grouped,
     log_files,
     log_parts,
     read_bucket,
@@ -84,8 +85,8 @@ def run_join(node: PJoin, ctx: BatchContext, ldelta: DataFrame, rdelta: DataFram
     sides = [keyed[s].toDF(*op.stored_names(s)).selectExpr(
         "*", f"{bucket_sql(op.stored_keys(s), ctx.buckets)} AS {BUCKET}") for s in "lr"]
     sides[0] = visits(sides[0], COUNT, due[0] | due[1])  # due compactions run in their bucket
-    grouped = [side.groupBy(BUCKET) for side in sides]
-    out = ctx.checkpoint(grouped[0].cogroup(grouped[1]).applyInArrow(
+    by_bucket = [grouped(ctx, side) for side in sides]
+    out = ctx.checkpoint(by_bucket[0].cogroup(by_bucket[1]).applyInArrow(
         functools.partial(run_cogroup, task), schema))
     rows = stage_logs(ctx, out, tables, due, files)
     if node.residual and node.kind not in ("semi", "anti"):

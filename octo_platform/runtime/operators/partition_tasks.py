@@ -31,8 +31,8 @@ from octo_platform.runtime.operators.context import BatchContext, StagedWrite, b
 from octo_platform.runtime.operators.partition_steps import SessionStep, TopNStep, \
     consolidated, is_micros
 from octo_platform.runtime.operators.session import Sessions
-from octo_platform.runtime.operators.tasks import PART, Log, LogFiles, bucket_logs, log_files, \
-    read_bucket, run_group, tagged, tagged_schema
+from octo_platform.runtime.operators.tasks import PART, Log, LogFiles, bucket_logs, grouped, \
+    log_files, read_bucket, run_group, tagged, tagged_schema
 from octo_platform.runtime.operators.top_n import TopN
 from octo_platform.sqltext import quote
 
@@ -62,8 +62,8 @@ def run_partitioned(node: PTopN | PSession, ctx: BatchContext, delta: DataFrame
     task = _PartitionTask(step, log, files, weighted, arrow_schema(schema), ctx.reader,
                           ctx.watermark)
     rows = rows.selectExpr("*", f"{bucket_sql(node.partition, ctx.buckets)} AS {BUCKET}")
-    out = ctx.checkpoint(rows.groupBy(BUCKET).applyInArrow(functools.partial(run_group, task),
-                                                           schema))
+    out = ctx.checkpoint(grouped(ctx, rows).applyInArrow(functools.partial(run_group, task),
+                                                         schema))
     ctx.writes.append(StagedWrite(node.id, out.filter(f"{PART} = 1").selectExpr("f.*"), None,
                                   bucketed=True, written=files.committed(),
                                   replace_reported=True))

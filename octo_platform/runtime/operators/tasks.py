@@ -32,7 +32,8 @@ if TYPE_CHECKING:
     from pyspark.sql.types import StructType
 
 __all__ = ["PART", "Log", "LogFiles", "bucket_logs", "log_files", "visits", "read_bucket",
-           "tagged_schema", "tagged", "log_parts", "stage_logs", "run_group", "run_cogroup"]
+           "tagged_schema", "tagged", "log_parts", "stage_logs", "grouped", "run_group",
+           "run_cogroup"]
 
 PART = "_part"
 Parts = list[tuple[int, str, pa.Table]]  # (part, struct column, rows)
@@ -106,6 +107,14 @@ def visits(rows: DataFrame, weight: str, buckets: set[int]) -> DataFrame:
     return rows.unionByName(ids.selectExpr(*[
         f"CAST({0 if c == weight else 'NULL'} AS {t}) AS {quote(c)}" for c, t in types.items()
         if c != BUCKET], BUCKET))
+
+
+def grouped(ctx: BatchContext, rows: DataFrame) -> Any:
+    """``rows`` grouped by ``_bucket`` for their tasks, in ``BatchContext.tasks`` partitions
+    (else ``spark.sql.shuffle.partitions``): the operator's one exchange."""
+    if ctx.tasks:
+        rows = rows.repartition(ctx.tasks, BUCKET)
+    return rows.groupBy(BUCKET)
 
 
 def run_group(task, key, rows):  # no annotations: Spark would read them as the UDF's kind
