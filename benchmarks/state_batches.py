@@ -2,14 +2,15 @@
 N keys of GROUP BY state, each run on a fresh copy of the same primed warehouse.
 
     PYSPARK_PYTHON=.venv/bin/python .venv/bin/python benchmarks/state_batches.py \
-        [--keys 2000000 --batches 2 --repeat 5 --out /tmp/octo-state-batches]
+        [--keys 2000000 --batches 2 --repeat 5 --driver-rows N --out /tmp/octo-state-batches]
 
 ``keyed_agg.py`` takes the median of 3 runs per figure; on a noisy machine one run of the
 same code moved 2-4x. Here one priming of N keys (``keyed_agg``'s query and data) is kept,
 and ``--repeat`` runs of ``--batches`` batches each start from a copy of it, after a
 warm-up run on a small separate table; each run's batch seconds are printed, then their
 medians. To compare two checkouts, run it with each first on ``PYTHONPATH`` (the driver and
-Spark's workers import octo from there), in turn.
+Spark's workers import octo from there), in turn. ``--driver-rows 0`` runs every batch on the
+Spark path (the priming run stays on the driver path).
 """
 from __future__ import annotations
 
@@ -33,6 +34,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--keys", type=int, default=2_000_000)
     p.add_argument("--batches", type=int, default=2)
     p.add_argument("--repeat", type=int, default=5)
+    p.add_argument("--driver-rows", type=int, default=None,
+                   help="octo's driver_rows for the timed runs (0: the Spark path)")
     p.add_argument("--out", default="/tmp/octo-state-batches")
     args = p.parse_args(argv)
     spark = session()
@@ -47,7 +50,8 @@ def main(argv: list[str] | None = None) -> int:
     runs = []
     for r in range(args.repeat):
         state.fresh(range(1, args.batches + 1))
-        secs = batch_seconds(run_octo(spark, state.project, state.warehouse))
+        opts = {} if args.driver_rows is None else {"driver_rows": args.driver_rows}
+        secs = batch_seconds(run_octo(spark, state.project, state.warehouse, **opts))
         log(f"run {r}: {', '.join(f'{s:.3f}' for s in secs)} s")
         runs.append(secs)
     medians = [statistics.median(r[i] for r in runs) for i in range(args.batches)]

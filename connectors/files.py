@@ -10,7 +10,7 @@ from __future__ import annotations
 import os
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Callable
+from typing import TYPE_CHECKING, Any, Callable
 
 from connectors import debezium
 from connectors.json_lines import exact_json
@@ -43,6 +43,20 @@ class FileSource:
 
     def option(self, key: str, default: str) -> str:
         return dict(self.options).get(key, default)
+
+    def exact_rows(self, files: list[str]) -> int | None:
+        """How many records ``files`` hold, from their footers, when none can be bad: local
+        Parquet files each holding every declared column with exactly the type Spark gives
+        it (every cast the identity); None otherwise (or for no files)."""
+        if self.format != "parquet" or not files:
+            return None
+        rows = 0
+        for path in files:
+            meta = _local_metadata(path)
+            if meta is None or _exact_columns(meta.schema.to_arrow_schema(), self) is None:
+                return None
+            rows += meta.num_rows
+        return rows
 
     def latest_time(self, files: list[str], column: str) -> int | None:
         """The latest value (µs since the epoch) of TIMESTAMP ``column`` in ``files``' good
@@ -333,6 +347,19 @@ def _parquet_records(df: DataFrame, source: FileSource) -> Parsed:
 # it is kept per footer schema (read on the driver with pyarrow: one small read per batch).
 _SCHEMAS: dict[bytes, object] = {}
 _MAX_SCHEMAS = 64
+
+
+def _local_metadata(path: str) -> Any:
+    """A local Parquet file's footer (None: not local, or unreadable here)."""
+    import pyarrow.parquet as pq
+
+    local = path.removeprefix("file://")
+    if "://" in local:
+        return None
+    try:
+        return pq.read_metadata(local)
+    except (OSError, ValueError):  # Spark reports it when it reads
+        return None
 
 
 def _footer_key(path: str) -> bytes | None:
