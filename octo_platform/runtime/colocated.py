@@ -9,7 +9,10 @@ the driver path does with a whole batch: ``events.change_events`` pairs the rows
 change events, the task writes them as one changelog file and, per current-state bucket
 they fall in (``events.event_buckets``), that bucket's new file (``current.merge_current``).
 Without this, the events cost a shuffle by key (``debezium.encode_keyed``) and the current
-state another by its bucket (``current.current_output``). Only the files' names come back
+state another by its bucket (``current.current_output``). Where the GROUP BY's rows are the
+table's up to renames, its own bucket tasks write the table with a ``TableWriter``
+(``aggregate_tasks``: offered through ``BatchContext.sink``), with no Spark SQL between;
+otherwise a task per partition of Δ does (``colocated_events``). Only the files' names come back
 (``writes.WRITTEN_SCHEMA``), the changelog's tagged with the current-state buckets its
 events touched (the current state's commit replaces those), and the events' counts by op,
 observed as the write job reads them.
@@ -25,7 +28,7 @@ import pyarrow.compute as pc
 
 from octo_platform.columns import BUCKET, WEIGHT
 from octo_platform.local_frames import arrow_schema
-from octo_platform.runtime.current import _BucketTask, bucket_task, current_key, kernel_covers
+from octo_platform.runtime.current import CurrentBuckets, bucket_task, current_key, kernel_covers
 from octo_platform.runtime.events import arrow_buckets, change_events, event_buckets
 from octo_platform.runtime.metrics import metrics, observe
 from octo_platform.runtime.operators.arrow import primitive
@@ -39,8 +42,8 @@ if TYPE_CHECKING:
     from octo_platform.runtime.operators import BatchContext
     from octo_platform.runtime.table_run import TableRun
 
-__all__ = ["colocated", "covered", "colocated_events", "table_writer", "ColocatedEvents", "TableWriter",
-           "FILES", "FILES_DDL"]
+__all__ = ["colocated", "covered", "colocated_events", "table_writer", "ColocatedEvents",
+           "TableWriter", "FILES", "FILES_DDL"]
 
 _OPS = ("c", "u", "d")
 _OUT = "_out"  # a file row's table: 0 the changelog, 1 the current state
@@ -126,7 +129,7 @@ class TableWriter:
     buckets: int
     changelog: str  # the changelog's path
     token: str  # the start of its files' names (``writes.file_token``)
-    current: _BucketTask
+    current: CurrentBuckets
 
     def events(self, delta: pa.Table) -> pa.Table:
         return change_events(delta, self.columns, self.pk, table=self.table, batch=self.batch,

@@ -9,8 +9,10 @@ found by key: ``merge_keyed``) for the run's next batch; the Spark path runs it 
 batch's write job (``current_output``): the events are shuffled by their current-state
 bucket and each touched bucket's task reads that bucket's files (and nothing else) and
 writes the bucket's new file itself, beside the changelog the job writes; only the file's
-name returns. So a batch rewrites the buckets it touches, in Arrow, with no job of its own;
-a table whose columns the kernel does not cover (nested types) keeps
+name returns (or the tasks that computed the batch's Δ run it for the buckets of their own
+events, with no exchange: ``colocated``). So a batch rewrites the buckets it touches, in
+Arrow, with no job of its own; a table whose columns the kernel does not cover (nested
+types) keeps
 ``sink.update_current``'s separate Spark job.
 """
 from __future__ import annotations
@@ -39,8 +41,8 @@ if TYPE_CHECKING:
     from octo_platform.runtime.environment import Store
     from octo_platform.runtime.table_run import TableRun
 
-__all__ = ["merge_current", "merge_keyed", "current_output", "bucket_task", "kernel_covers",
-           "current_key", "files_by_bucket"]
+__all__ = ["merge_current", "merge_keyed", "current_output", "bucket_task", "CurrentBuckets",
+           "kernel_covers", "current_key", "files_by_bucket"]
 
 
 def merge_current(old: pa.Table, events: pa.Table, keys: list[str], keyed: bool
@@ -106,10 +108,10 @@ def current_output(pipe: TableRun, events: DataFrame, bucket: str, batch: int,
 
 
 def bucket_task(pipe: TableRun, image: pa.Schema, batch: int, pinned: dict[str, int | None]
-                ) -> _BucketTask:
+                ) -> CurrentBuckets:
     """What a task needs to rewrite the table's current-state buckets (rows ``image``)."""
     store, path = pipe.env.store, pipe.layout.current(pipe.name)
-    return _BucketTask(path, files_by_bucket(store, path, pinned.get("current")), image,
+    return CurrentBuckets(path, files_by_bucket(store, path, pinned.get("current")), image,
                        current_key(pipe), pipe.table.physical.keyed_changes, store.reader(),
                        store.opener(), file_token("part", batch), pipe.cache_counts)
 
@@ -123,9 +125,11 @@ def files_by_bucket(store: Store, path: str, version: int | None) -> dict[int, l
 
 
 @dataclass(frozen=True)
-class _BucketTask:
-    """The ``applyInArrow`` function (runs in Spark tasks): one bucket's change events ->
-    that bucket's new current-state file, written here (``WRITTEN_SCHEMA``: its name)."""
+class CurrentBuckets:
+    """Runs in Spark tasks: one bucket's change events -> that bucket's new current-state
+    file, written here (``WRITTEN_SCHEMA``: its name); ``run`` is the ``applyInArrow``
+    function of events grouped by bucket, ``bucket`` a task's call for one bucket
+    (``colocated``)."""
 
     path: str
     files: dict[int, list[Any]]  # the pinned snapshot's files, by bucket
