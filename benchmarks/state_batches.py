@@ -8,8 +8,9 @@ N keys of GROUP BY state, each run on a fresh copy of the same primed warehouse.
 same code moved 2-4x. Here one priming of N keys (``keyed_agg``'s query and data) is kept,
 and ``--repeat`` runs of ``--batches`` batches each start from a copy of it, after a
 warm-up run on a small separate table; each run's batch seconds are printed, then their
-medians. To compare two checkouts, run it with each first on ``PYTHONPATH`` (the driver and
-Spark's workers import octo from there), in turn. ``--driver-rows 0`` runs every batch on the
+medians. To compare two checkouts, run it with each first on ``PYTHONPATH``, in turn, from a
+directory outside both (Spark's workers put the directory they start in first on their
+path). ``--driver-rows 0`` runs every batch on the
 Spark path (the priming run stays on the driver path).
 """
 from __future__ import annotations
