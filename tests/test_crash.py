@@ -73,7 +73,10 @@ def test_sigkill_at_random_moments_loses_and_doubles_nothing(spark, tmp_path, pa
 
     log = tmp_path / "runs.log"
     until = mid_run(log, rng, batches=(1, 3), delay=1.0)
-    kills = run_killing(cmd, log, until=until, kills=3, attempts=5, env=env)
+    # The Spark path's runs are slower to start and to run: two kills there (148 s with
+    # three in a suite run beside the other part, against 62 s on the driver path).
+    most = 3 if path == "driver" else 2
+    kills = run_killing(cmd, log, until=until, kills=most, attempts=most + 2, env=env)
     assert kills >= 2, "the test must actually kill runs mid-way"
 
     for table in TABLES:

@@ -59,7 +59,7 @@ __all__ = ["BatchStats", "Pipeline", "DEFAULT_BUCKETS", "collecting_new_objects"
 
 # A new table's buckets unless it or the run says: twice the session's cores, at least this.
 DEFAULT_BUCKETS = 8
-BUCKETS_KEY = "_buckets"  # a batch's intent records its table's buckets under this key
+BUCKETS_KEY = "_buckets"  # a table's first intent records its buckets under this key
 MAINTENANCE_EVERY = 25  # batches between vacuuming state and compacting the batch log
 
 
@@ -197,9 +197,12 @@ class Pipeline:
         resumed = pending is not None  # an earlier attempt may have committed some tables
         if pending is not None:
             _, inputs, ts_ms = pending
+            inputs = {k: v for k, v in inputs.items() if k != BUCKETS_KEY}
         else:
             ts_ms = int(time.time() * 1000)
-            log.append(batch, "intent", {**inputs, BUCKETS_KEY: self.buckets}, ts_ms)
+            # the first batch's intent holds the table's buckets (later ones: its commits)
+            log.append(batch, "intent", {**inputs, BUCKETS_KEY: self.buckets} if batch == 0
+                       else inputs, ts_ms)
         previous = log.commit_payload(batch - 1) or {}
         pinned: dict[str, int | None] = previous.get("versions", {})
         stats = BatchStats(self.name, batch, watermarks=dict(previous.get("watermarks", {})),
