@@ -28,7 +28,7 @@ import pyarrow.compute as pc
 
 from octo_platform.columns import BUCKET, WEIGHT
 from octo_platform.local_frames import arrow_schema
-from octo_platform.runtime.current import CurrentBuckets, bucket_task, current_key, kernel_covers
+from octo_platform.runtime.current import CurrentBuckets, bucket_task, current_key
 from octo_platform.runtime.events import arrow_buckets, change_events, event_buckets
 from octo_platform.runtime.metrics import metrics, observe
 from octo_platform.runtime.operators.arrow import primitive
@@ -63,8 +63,10 @@ def colocated(pipe: TableRun, *, resumed: bool) -> bool:
 
 
 def covered(pipe: TableRun, image: pa.Schema) -> bool:
-    """Whether the tasks pair and place events of rows ``image`` (Arrow types)."""
-    return all(primitive(f.type) for f in image) and kernel_covers(pipe, image) and \
+    """Whether the tasks pair and place events of rows ``image`` (Arrow types): every
+    column of a type Arrow groups (``current.kernel_covers`` asks this of the key only) and
+    a key Arrow hashes as Spark does."""
+    return all(primitive(f.type) for f in image) and \
         arrow_buckets(pa.struct(list(image)), current_key(pipe))
 
 

@@ -41,7 +41,7 @@ def encode(pipe: TableRun, ctx: BatchContext, delta: DataFrame, ts_ms: int,
     columns = plan.root.columns
     if ctx.sunk is not None:  # the operator's tasks wrote the table
         return ColocatedEvents(*ctx.sunk)
-    if not appends_current(pipe, pinned) and colocated(pipe, resumed=resumed):
+    if colocated(pipe, resumed=resumed) and not appends_current(pipe, pinned):
         done = colocated_events(pipe, ctx, delta, ts_ms, pinned)
         if done is not None:
             return done
