@@ -91,8 +91,12 @@ class FileSource:
 
 
 def list_files(path: str) -> list[str]:
-    """Data files under ``path`` (recursively), skipping names starting with '.' or '_'."""
-    root = Path(path)
+    """Data files under ``path`` (recursively), skipping names starting with '.' or '_';
+    in an object store (``s3://bucket/prefix``: pyarrow's file system, configured by the
+    same ``AWS_*`` variables as delta-rs) as URIs of its scheme."""
+    if "://" in path and not path.startswith("file://"):
+        return _list_uri(path)
+    root = Path(path.removeprefix("file://"))
     if root.is_file():
         return [str(root)]
     if not root.is_dir():
@@ -102,6 +106,34 @@ def list_files(path: str) -> list[str]:
         dirnames[:] = sorted(d for d in dirnames if not d.startswith((".", "_")))
         found.extend(os.path.join(dirpath, f) for f in filenames if not f.startswith((".", "_")))
     return sorted(found)
+
+
+def _list_uri(uri: str) -> list[str]:
+    from pyarrow import fs
+
+    scheme = uri.split("://", 1)[0]
+    store, root = fs.FileSystem.from_uri(uri.replace("s3a://", "s3://", 1))
+    found = []
+    for info in store.get_file_info(fs.FileSelector(root, allow_not_found=True,
+                                                    recursive=True)):
+        parts = info.path[len(root):].strip("/").split("/")
+        if info.type == fs.FileType.File and not any(p.startswith((".", "_")) for p in parts):
+            found.append(f"{scheme}://{info.path}")
+    if not found and store.get_file_info(root).type == fs.FileType.File:
+        return [uri]
+    return sorted(found)
+
+
+def _read_bytes(path: str) -> bytes:
+    """A local file's or an object's (``s3://...``) bytes."""
+    if "://" not in path:
+        with open(path, "rb") as fh:
+            return fh.read()
+    from pyarrow import fs
+
+    store, key = fs.FileSystem.from_uri(path.replace("s3a://", "s3://", 1))
+    with store.open_input_stream(key) as fh:
+        return fh.read()
 
 
 @dataclass(frozen=True)
@@ -131,14 +163,15 @@ def read_files(spark: SparkSession, source: FileSource, files: list[str]) -> Par
 def read_files_local(spark: SparkSession, source: FileSource, files: list[str]) -> Parsed:
     """``read_files`` for a small batch in the driver: the files are read here and parsed
     by the same Spark SQL over a local relation (projections and filters only, which Spark
-    evaluates in the driver: no job). JSON, Debezium JSON and Parquet of local files;
+    evaluates in the driver: no job). JSON and Debezium JSON files (local or in an object
+    store), Parquet of local files;
     ``LookupError`` for anything else (the caller reads it with Spark instead)."""
     import pyarrow as pa
     import pyarrow.parquet as pq
 
-    if source.format == "csv" or any("://" in f for f in files):
+    if source.format == "csv" or (source.format == "parquet" and any("://" in f for f in files)):
         raise LookupError(f"{source.format} files are read by Spark")
-    names = [f"file:{os.path.abspath(f)}" for f in files]
+    names = [f if "://" in f else f"file:{os.path.abspath(f)}" for f in files]
     if source.format == "parquet":
         if not files:
             raise LookupError("no files")
@@ -153,8 +186,7 @@ def read_files_local(spark: SparkSession, source: FileSource, files: list[str]) 
         return _parquet_records(local_frame(spark, data), source)
     values, where = [], []
     for f, n in zip(files, names):
-        with open(f, "rb") as fh:
-            lines = fh.read().decode("utf-8", errors="replace").split("\n")
+        lines = _read_bytes(f).decode("utf-8", errors="replace").split("\n")
         if lines and lines[-1] == "":
             lines.pop()
         values += [line.removesuffix("\r") for line in lines]

@@ -85,6 +85,11 @@ class Project:
         path = Path(source.options["path"])
         return str(path if path.is_absolute() else (self.root / path).resolve())
 
+    def uris(self, warehouse: str) -> list[str]:
+        """Where the project's tables (``warehouse``) and sources live: what its Spark
+        session must be able to read (an object store's connector)."""
+        return [warehouse, *(self.source_path(s) for s in self.catalog.sources.values())]
+
     def order(self, names: list[str] | None = None) -> list[CompiledTable]:
         """Tables in dependency order (upstream first); ``names`` selects a subset."""
         wanted = {self.table(n).name.lower() for n in names} if names else set(self.tables)

@@ -98,10 +98,10 @@ def event_identity(e: dict[str, Any]) -> tuple:
 
 
 def changelog_events(warehouse: str | Path, table: str) -> list[dict[str, Any]]:
-    path = Path(warehouse) / table
-    if not (path / "_delta_log").exists():
+    path = f"{warehouse}/{table}"  # a directory or a URI (delta-rs reads AWS_* for s3://)
+    if not DeltaTable.is_deltatable(path):
         return []
-    rows = DeltaTable(str(path)).to_pyarrow_table().to_pylist()
+    rows = DeltaTable(path).to_pyarrow_table().to_pylist()
     return sorted(rows, key=lambda r: r["source"]["batch_id"])
 
 
@@ -119,7 +119,7 @@ def replay(warehouse: str | Path, table: str) -> Counter:
 
 
 def current(warehouse: str | Path, table: str) -> Counter:
-    rows = DeltaTable(str(Path(warehouse) / "_current" / table)).to_pyarrow_table()
+    rows = DeltaTable(f"{warehouse}/_current/{table}").to_pyarrow_table()
     rows = rows.drop_columns(["_bucket"]).to_pylist()
     return Counter(norm(r) for r in rows)
 

@@ -1,6 +1,10 @@
 """The session octo builds (``runtime/session.py``)."""
 from __future__ import annotations
 
+from pathlib import Path
+
+import pyspark
+
 
 def test_the_jvm_view_asks_for_a_class_and_its_methods_once(spark, monkeypatch):
     client = type(spark.sparkContext._gateway._gateway_client)
@@ -55,3 +59,31 @@ def test_delta_jars_leave_out_the_libraries_spark_ships(spark, tmp_path):
             and "hadoop-client" not in conf.get("spark.jars")
     spark.range(3).write.format("delta").save(str(tmp_path / "t"))
     assert spark.read.format("delta").load(str(tmp_path / "t")).count() == 3
+
+
+def test_a_session_for_s3_gets_s3a_from_the_same_variables_as_delta_rs(tmp_path):
+    """A warehouse or a source in S3 adds S3A's package at pyspark's Hadoop version and its
+    settings from the ``AWS_*`` variables; the credentials stay out of Spark's conf (its UI
+    and event log show it)."""
+    from octo_platform.runtime.session import delta_package, session_conf
+
+    env = {"XDG_CACHE_HOME": str(tmp_path), "AWS_ENDPOINT_URL": "http://127.0.0.1:9000",
+           "AWS_ACCESS_KEY_ID": "key-id", "AWS_SECRET_ACCESS_KEY": "the-secret"}
+    local = session_conf(environ=env, uris=[str(tmp_path / "wh"), "kafka://h:1/t"])
+    assert local["spark.jars.packages"] == delta_package()
+    assert not any("s3" in k for k in local)
+    conf = session_conf(environ=env, uris=[str(tmp_path / "wh"), "s3://bucket/data"])
+    hadoop = [j for j in (Path(pyspark.__file__).parent / "jars").glob("hadoop-client-api-*")]
+    version = hadoop[0].name.removeprefix("hadoop-client-api-").removesuffix(".jar")
+    assert conf["spark.jars.packages"] == \
+        f"{delta_package()},org.apache.hadoop:hadoop-aws:{version}"
+    assert conf["spark.hadoop.fs.s3.impl"] == "org.apache.hadoop.fs.s3a.S3AFileSystem"
+    assert conf["spark.hadoop.fs.s3a.endpoint"] == "http://127.0.0.1:9000"
+    assert conf["spark.hadoop.fs.s3a.connection.ssl.enabled"] == "false"
+    assert conf["spark.hadoop.fs.s3a.path.style.access"] == "true"
+    assert conf["spark.hadoop.fs.s3a.endpoint.region"] == "us-east-1"
+    assert not any(secret in v for v in conf.values() for secret in ("key-id", "the-secret"))
+    # the caller's settings win over the store's
+    mine = session_conf(environ=env, uris=["s3a://b/wh"],
+                        conf={"spark.hadoop.fs.s3a.endpoint.region": "eu-west-1"})
+    assert mine["spark.hadoop.fs.s3a.endpoint.region"] == "eu-west-1"

@@ -160,6 +160,16 @@ def forget_held(memo: dict[str, Any]) -> None:
         del memo[key]
 
 
+def _file_system(path: str) -> tuple[Any, str]:
+    """pyarrow's file system of a local path or an object's URI (``s3://``, ``s3a://``),
+    and the path in it."""
+    from pyarrow import fs
+
+    if "://" not in path:
+        return fs.LocalFileSystem(), os.path.abspath(path)
+    return fs.FileSystem.from_uri(path.replace("s3a://", "s3://", 1))
+
+
 def input_rows(pipe: TableRun, inputs: dict[str, Any], limit: int) -> int | None:
     """Rows the batch reads, from metadata (no data read but small text files' lines);
     None when unknown, clearly above ``limit``, or more than ``DRIVER_BYTES``."""
@@ -177,7 +187,7 @@ def input_rows(pipe: TableRun, inputs: dict[str, Any], limit: int) -> int | None
             parquet = pipe.project.source(spec.name).format == "parquet"
             for f in got["files"]:
                 try:
-                    if "://" in f:
+                    if "://" in f and parquet:
                         return None
                     if parquet:
                         meta = pq.ParquetFile(f).metadata
@@ -185,11 +195,12 @@ def input_rows(pipe: TableRun, inputs: dict[str, Any], limit: int) -> int | None
                         size += sum(meta.row_group(i).total_byte_size
                                     for i in range(meta.num_row_groups))
                     else:
-                        bytes_ = os.path.getsize(f)
+                        store, path = _file_system(f)
+                        bytes_ = store.get_file_info(path).size or 0
                         size += bytes_
                         if size > DRIVER_BYTES or bytes_ > _TEXT_BYTES_PER_ROW * max(limit, 1):
                             return None
-                        with open(f, "rb") as fh:
+                        with store.open_input_stream(path) as fh:
                             rows += fh.read().count(b"\n") + 1
                 except (OSError, pa.ArrowException):  # gone or unreadable: Spark reports it
                     return None

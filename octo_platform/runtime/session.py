@@ -16,13 +16,14 @@ import os
 import re
 import sys
 from pathlib import Path
-from typing import TYPE_CHECKING, Mapping
+from typing import TYPE_CHECKING, Iterable, Mapping
 
 if TYPE_CHECKING:
     from pyspark.sql import SparkSession
 
 __all__ = ["spark_session", "session_conf", "spark_defaults_file", "spark_defaults_keys",
-           "delta_package", "delta_jars", "DEFAULT_CONF", "DEFAULT_MASTER", "QUICK_START_CONF"]
+           "delta_package", "delta_jars", "hadoop_aws_package", "in_s3", "object_store_conf",
+           "packages", "DEFAULT_CONF", "DEFAULT_MASTER", "QUICK_START_CONF"]
 
 DEFAULT_MASTER = "local[2]"
 
@@ -119,18 +120,69 @@ def delta_package() -> str:
     return f"io.delta:delta-spark_{spark}_2.13:{version('delta-spark')}"
 
 
-def _jar_list(environ: Mapping[str, str]) -> Path:
-    """Where octo notes the jar files Spark fetched for ``delta_package`` (one per version)."""
+def hadoop_aws_package() -> str:
+    """Maven coordinates of Hadoop's S3A file system at the Hadoop version pyspark ships (its
+    ``hadoop-client-api`` jar): the two must match."""
+    import pyspark
+
+    jars = Path(pyspark.__file__).parent / "jars"
+    for jar in jars.glob("hadoop-client-api-*.jar"):
+        return f"org.apache.hadoop:hadoop-aws:{jar.name.removeprefix('hadoop-client-api-')[:-4]}"
+    raise RuntimeError(f"no hadoop-client-api jar in {jars}: cannot choose hadoop-aws")
+
+
+def in_s3(uri: str) -> bool:
+    return uri.startswith(("s3://", "s3a://"))
+
+
+def packages(uris: Iterable[str] = ()) -> tuple[str, ...]:
+    """The Maven packages a session needs: Delta's, and S3A's when any of ``uris`` (the
+    warehouse, the sources) is in S3."""
+    return (delta_package(), *((hadoop_aws_package(),) if any(map(in_s3, uris)) else ()))
+
+
+def object_store_conf(uris: Iterable[str], environ: Mapping[str, str] | None = None
+                      ) -> dict[str, str]:
+    """Spark's settings to read ``uris`` in S3 as delta-rs and pyarrow read them: Hadoop's
+    S3A file system for ``s3://`` as well as ``s3a://``, with the endpoint
+    (``AWS_ENDPOINT_URL``: path-style addressing, TLS as its scheme says) and the region
+    (``AWS_REGION``) of the same environment variables. Credentials are no settings (Spark's
+    UI and event log show those): S3A reads ``AWS_ACCESS_KEY_ID`` and
+    ``AWS_SECRET_ACCESS_KEY`` from each JVM's environment, as delta-rs does in each Python
+    process. Empty when no URI is in S3."""
+    if not any(map(in_s3, uris)):
+        return {}
+    env = os.environ if environ is None else environ
+    fs = "spark.hadoop.fs.s3a."
+    conf = {"spark.hadoop.fs.s3.impl": "org.apache.hadoop.fs.s3a.S3AFileSystem"}
+    endpoint = env.get("AWS_ENDPOINT_URL_S3") or env.get("AWS_ENDPOINT_URL")
+    region = env.get("AWS_REGION") or env.get("AWS_DEFAULT_REGION")
+    if endpoint:
+        conf.update({fs + "endpoint": endpoint, fs + "path.style.access": "true",
+                     fs + "connection.ssl.enabled": str(endpoint.startswith("https:")).lower()})
+        region = region or "us-east-1"  # an endpoint of one's own: any region signs
+    if region:
+        conf[fs + "endpoint.region"] = region
+    return conf
+
+
+def _jar_list(environ: Mapping[str, str], wanted: tuple[str, ...] | None = None) -> Path:
+    """Where octo notes the jar files Spark fetched for ``wanted`` packages (default: only
+    Delta's), one list per set of versions."""
     cache = environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
-    return Path(cache) / "octo" / f"{delta_package().replace(':', '_')}.jars"
+    name = "+".join(wanted or (delta_package(),)).replace(":", "_")
+    return Path(cache) / "octo" / f"{name}.jars"
 
 
-def delta_jars(environ: Mapping[str, str] | None = None) -> dict[str, str]:
-    """How the session gets Delta's jars: the files an earlier session fetched, when every
-    one is still on disk (no resolution, no Ivy report at start), but those of libraries
-    Spark ships itself (``_spark_ships``), else the package for Spark to fetch from Maven
-    Central and cache (``~/.ivy2.5.2``) at its start."""
-    listed = _jar_list(os.environ if environ is None else environ)
+def delta_jars(environ: Mapping[str, str] | None = None,
+               wanted: tuple[str, ...] | None = None) -> dict[str, str]:
+    """How the session gets the jars of ``wanted`` packages (default: Delta's): the files an
+    earlier session fetched, when every one is still on disk (no resolution, no Ivy report
+    at start), but those of libraries Spark ships itself (``_spark_ships``), else the
+    packages for Spark to fetch from Maven Central and cache (``~/.ivy2.5.2``) at its
+    start."""
+    wanted = wanted or (delta_package(),)
+    listed = _jar_list(os.environ if environ is None else environ, wanted)
     try:
         jars = listed.read_text(encoding="utf-8").strip().split(",")
     except OSError:
@@ -139,7 +191,7 @@ def delta_jars(environ: Mapping[str, str] | None = None) -> dict[str, str]:
         ships = _spark_ships()
         return {"spark.jars": ",".join(j for j in jars
                                        if _artifact(j, fetched=True) not in ships)}
-    return {"spark.jars.packages": delta_package()}
+    return {"spark.jars.packages": ",".join(wanted)}
 
 
 def _artifact(jar: str, fetched: bool = False) -> str:
@@ -165,12 +217,14 @@ def _spark_ships() -> set[str]:
     return {_artifact(j.name) for j in jars.glob("*.jar")} if jars.is_dir() else set()
 
 
-def _note_jars(spark: SparkSession, environ: Mapping[str, str]) -> None:
-    """Keep the jar files Spark resolved for the Delta package, for the next sessions."""
+def _note_jars(spark: SparkSession, environ: Mapping[str, str],
+               wanted: tuple[str, ...]) -> None:
+    """Keep the jar files Spark resolved for the ``wanted`` packages, for the next
+    sessions."""
     jars = spark.sparkContext.getConf().get("spark.jars", "")
     if "delta-spark" not in jars:
         return  # not resolved after all
-    listed = _jar_list(environ)
+    listed = _jar_list(environ, wanted)
     try:
         listed.parent.mkdir(parents=True, exist_ok=True)
         tmp = listed.with_name(f".{listed.name}.{os.getpid()}")
@@ -182,18 +236,21 @@ def _note_jars(spark: SparkSession, environ: Mapping[str, str]) -> None:
 
 def session_conf(*, master: str | None = None, conf: Mapping[str, str] | None = None,
                  app_name: str = "octo", environ: Mapping[str, str] | None = None,
-                 defaults: Mapping[str, str] | None = None) -> dict[str, str]:
-    """The settings octo hands the session builder: its defaults (``DEFAULT_CONF``, then
-    the caller's ``defaults``) minus the keys ``spark-defaults.conf`` sets (the launcher
-    applies those), then ``conf``, then ``master``. Delta's jars (``delta_jars``) come with
-    the defaults unless the file or ``conf`` names jars themselves (``spark.jars``,
-    ``spark.jars.packages``): those must then include Delta's (``delta_package``)."""
+                 defaults: Mapping[str, str] | None = None,
+                 uris: Iterable[str] = ()) -> dict[str, str]:
+    """The settings octo hands the session builder: its defaults (``DEFAULT_CONF``, the
+    object store's for ``uris``, then the caller's ``defaults``) minus the keys
+    ``spark-defaults.conf`` sets (the launcher applies those), then ``conf``, then
+    ``master``. The jars of ``packages(uris)`` (``delta_jars``) come with the defaults unless
+    the file or ``conf`` names jars themselves (``spark.jars``, ``spark.jars.packages``):
+    those must then include Delta's (``delta_package``) and S3A's (``hadoop_aws_package``)."""
     env = os.environ if environ is None else environ
+    uris = tuple(uris)
     from_file = spark_defaults_keys(spark_defaults_file(env))
     ours = {"spark.master": DEFAULT_MASTER, "spark.app.name": app_name, **DEFAULT_CONF,
-            **(defaults or {})}
+            **object_store_conf(uris, env), **(defaults or {})}
     if not any(k in from_file or k in (conf or {}) for k in _JAR_KEYS):
-        ours.update(delta_jars(env))
+        ours.update(delta_jars(env, packages(uris)))
     settings = {k: v for k, v in ours.items() if k not in from_file}
     settings.update(conf or {})
     if master:
@@ -202,11 +259,12 @@ def session_conf(*, master: str | None = None, conf: Mapping[str, str] | None = 
 
 
 def spark_session(*, master: str | None = None, conf: Mapping[str, str] | None = None,
-                  app_name: str = "octo",
-                  defaults: Mapping[str, str] | None = None) -> SparkSession:
+                  app_name: str = "octo", defaults: Mapping[str, str] | None = None,
+                  uris: Iterable[str] = ()) -> SparkSession:
     """Get or create the session: ``local[2]`` unless ``master``, ``conf`` or
     ``spark-defaults.conf`` say otherwise (see the module docstring for the precedence;
-    ``defaults`` are the caller's octo defaults)."""
+    ``defaults`` are the caller's octo defaults); able to read ``uris`` (the warehouse and
+    the sources: ``object_store_conf``)."""
     os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
     os.environ.setdefault("PYSPARK_DRIVER_PYTHON", sys.executable)
     from pyspark.sql import SparkSession
@@ -214,8 +272,9 @@ def spark_session(*, master: str | None = None, conf: Mapping[str, str] | None =
     from octo_platform.errors import SessionError
 
     builder = SparkSession.builder
+    uris = tuple(uris)
     settings = session_conf(master=master, conf=conf, app_name=app_name,
-                            defaults=defaults)
+                            defaults=defaults, uris=uris)
     for key, value in settings.items():
         builder = builder.config(key, value)
     try:
@@ -231,8 +290,8 @@ def spark_session(*, master: str | None = None, conf: Mapping[str, str] | None =
             "or a local mirror with --conf spark.jars.ivySettings=<ivysettings.xml>") from e
     spark.sparkContext.setLogLevel("FATAL")  # octo reports failures itself
     _remember_jvm_names(spark)
-    if settings.get("spark.jars.packages") == delta_package():
-        _note_jars(spark, os.environ)
+    if settings.get("spark.jars.packages") == ",".join(packages(uris)):
+        _note_jars(spark, os.environ, packages(uris))
     return spark
 
 
