@@ -57,7 +57,8 @@ def resources_from_env(project_dir: str | Path, environ: Mapping[str, str]) -> d
     warehouse = environ.get("OCTO_WAREHOUSE") or str(Path(project_dir).resolve() / "warehouse")
     # Catch-up runs last seconds to minutes: on a local master the JVM's quick start-up
     # settings save more CPU than its optimizing compiler would.
-    return {"spark": SparkResource(master=master, quick_start=master.startswith("local")),
+    return {"spark": SparkResource(master=master, quick_start=master.startswith("local"),
+                                   reads=[warehouse]),
             "warehouse": WarehouseResource(path=warehouse)}
 
 

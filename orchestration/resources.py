@@ -46,6 +46,11 @@ class SparkResource(PySparkResource):
         default_factory=dict,
         description="Spark settings; they beat spark-defaults.conf, which beats octo's "
         "defaults (e.g. spark.driver.memory)")
+    reads: list[str] = Field(
+        default_factory=list,
+        description="where the session reads: the warehouse and the sources when they are "
+        "URIs (one in S3, s3://..., adds Hadoop's S3A connector, set up from the AWS_* "
+        "environment variables as delta-rs is)")
     quick_start: bool = Field(
         default=False,
         description="the driver's JVM tuned for runs of seconds to minutes (the JIT's first "
@@ -67,7 +72,7 @@ class SparkResource(PySparkResource):
 
             conf = self.settings()
             self._spark_session = spark_session(
-                master=self.master, conf=conf,
+                master=self.master, conf=conf, uris=self.reads,
                 defaults=driver_defaults(conf, quick=self.quick_start))
         return self._spark_session
 

@@ -145,6 +145,7 @@ def test_resources_are_chosen_from_the_environment(tmp_path):
                                         "OCTO_SPARK_MASTER": "spark://h:7077"})
     assert got["warehouse"].location(tmp_path) == "s3://bucket/wh"
     assert got["spark"].master == "spark://h:7077" and not got["spark"].quick_start
+    assert got["spark"].reads == ["s3://bucket/wh"]  # its session gets S3A
     assert WarehouseResource().location(tmp_path) == str(tmp_path.resolve() / "warehouse")
     # a file: URI is the local path it names (delta-rs makes no table at a missing one)
     assert WarehouseResource(path=f"file://{tmp_path}/my%20wh").location(tmp_path) == str(
