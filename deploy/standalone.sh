@@ -23,10 +23,14 @@
 #   SPARK_WORKER_WEBUI_PORT   first worker's web UI (+1 per worker)   [8081]
 #   SPARK_LOCAL_IP            address workers and executors bind      [$SPARK_MASTER_HOST]
 #   SPARK_DAEMON_MEMORY       heap of the master and worker JVMs      [512m]
+#   OCTO_STATE_CACHE          the executors' state cache (octo)   [$OCTO_CLUSTER_DIR/work-N/octo-state-cache]
+#   AWS_*                     an object store's endpoint, region and credentials (S3A and
+#                             delta-rs in the executors read them): export them first
 set -euo pipefail
 
 REPO="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 DIR="${OCTO_CLUSTER_DIR:-${TMPDIR:-/tmp}/octo-spark-cluster-$(id -u)}"
+OCTO_STATE_CACHE_ALL="${OCTO_STATE_CACHE:-}"
 BIN="${OCTO_BIN:-$REPO/.venv/bin}"
 HOST="${SPARK_MASTER_HOST:-127.0.0.1}"
 PORT="${SPARK_MASTER_PORT:-7077}"
@@ -66,6 +70,9 @@ launch() {
 workers() {
   local i webui="${SPARK_WORKER_WEBUI_PORT:-8081}"
   for i in $(seq 1 "${SPARK_WORKERS:-1}"); do
+    # each worker's executors keep octo's state cache in its own directory (as on a
+    # machine of its own), unless OCTO_STATE_CACHE says where
+    OCTO_STATE_CACHE="${OCTO_STATE_CACHE_ALL:-$DIR/work-$i/octo-state-cache}" \
     launch "worker-$i" "Successfully registered with master" \
       org.apache.spark.deploy.worker.Worker "$URL" --host "$SPARK_LOCAL_IP" \
       --cores "${SPARK_WORKER_CORES:-1}" --memory "${SPARK_WORKER_MEMORY:-2g}" \
