@@ -104,6 +104,16 @@ def _parser() -> argparse.ArgumentParser:
     project_opts(refresh)
     spark_opts(refresh)
 
+    rescale = sub.add_parser("rescale", help="move a table's operator state and current "
+                             "state to another number of buckets (each a task's unit of "
+                             "work), as one batch that changes no row")
+    rescale.add_argument("name", metavar="NAME")
+    rescale.add_argument("--buckets", type=int, required=True, metavar="N",
+                         help="the new number of buckets (1 to 4096; e.g. twice the "
+                         "cluster's cores)")
+    project_opts(rescale)
+    spark_opts(rescale)
+
     reset = sub.add_parser("reset", help="delete a table's changelog, current state and "
                            "operator state so the next run rebuilds it from all input (its "
                            "sinks then publish it again from the start; a sink named alone "
@@ -122,7 +132,7 @@ def _parser() -> argparse.ArgumentParser:
 
 def main(argv: list[str] | None = None) -> int:
     args = _parser().parse_args(argv)
-    if args.command in ("run", "check", "backfill", "refresh", "demo"):
+    if args.command in ("run", "check", "backfill", "refresh", "rescale", "demo"):
         _quiet_query_context_logs()
     try:
         if args.command == "run":
@@ -140,6 +150,8 @@ def main(argv: list[str] | None = None) -> int:
             return _backfill(args)
         if args.command == "refresh":
             return _refresh(args)
+        if args.command == "rescale":
+            return _rescale(args)
         if args.command == "demo" and args.kafka:
             from octo_platform.kafka_demo import run_kafka_demo
 
@@ -257,6 +269,18 @@ def _backfill(args: argparse.Namespace) -> int:
         print(f"done: {report.rows_changed} row(s) changed in "
               f"{', '.join(report.partitions) or 'the table'}, published as batch "
               f"{report.batch.batch}")
+    return 0
+
+
+def _rescale(args: argparse.Namespace) -> int:
+    from octo_platform.project import load_project
+    from octo_platform.runtime.recompute import rescale
+    from octo_platform.wiring import default_options
+
+    project = load_project(args.project)
+    table = project.table(args.name)  # an unknown name fails before Spark starts
+    rescale(_session(args, project), project, table.name, args.buckets,
+            options=default_options(warehouse=args.warehouse))
     return 0
 
 

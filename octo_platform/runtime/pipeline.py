@@ -46,6 +46,7 @@ from octo_platform.runtime.operators import BatchContext, Sink, evaluate, picked
 from octo_platform.runtime.operators import bucket_cache
 from octo_platform.runtime.operators.arrow import DRIVER_BYTES
 from octo_platform.runtime.publish import RECOMPUTED, publish_recomputed
+from octo_platform.runtime.rescale import RESCALE, rescale_batch
 from octo_platform.runtime.sink import appends_current, encode, update_current, write_batch
 from octo_platform.runtime.sinks import SinkRunner, SinkStats
 from octo_platform.runtime.state_log import STATE_FORMAT
@@ -126,21 +127,15 @@ class Pipeline:
         self.name = table.name
         self.log = BatchLog(env.store, layout.log(self.name))
         option = table.definition.options.get("buckets")
-        self.buckets = self.kept_buckets() or buckets or (int(option) if option else None) \
-            or default_buckets(spark)
-        self.fingerprint = f"{table.physical.fingerprint}-b{self.buckets}"
         self.memo: dict[str, Any] = {}  # per run: shapes, and the driver path's state cache
+        self.use_buckets(self.kept_buckets() or buckets or (int(option) if option else None)
+                         or default_buckets(spark))
         # Batches of at most this many input rows run in the driver (``driver.py``).
         self.driver_rows = driver_rows if plan_runs_in_driver(table.physical) else 0
         # ... and only while the state they hold there is at most this many rows.
         self.driver_state_rows = driver_state_rows
         self.state_too_large = False  # said once a run
         self.cache_counts = bucket_cache.counter(spark)
-        # An operator's tasks: as many as the session's cores or shuffle partitions, if more,
-        # but no more than the buckets (each task's unit of work): on a cluster, octo's
-        # default of 2 shuffle partitions for local[2] caps nothing.
-        self.tasks = min(self.buckets, max(spark.sparkContext.defaultParallelism, int(
-            spark.conf.get("spark.sql.shuffle.partitions") or 1)))
         self.inputs = input_specs(project, table, layout)
         self.delta_sources = {
             src.name.lower(): env.delta_source(sdef, project.source_path(sdef))
@@ -155,6 +150,17 @@ class Pipeline:
             for s in project.sinks_of(self.name)]
         if check_plan:
             self.check_fingerprint()
+
+    def use_buckets(self, buckets: int) -> None:
+        """Run with ``buckets`` buckets (at the start; after a rescale batch)."""
+        self.buckets = buckets
+        self.fingerprint = f"{self.table.physical.fingerprint}-b{buckets}"
+        # An operator's tasks: as many as the session's cores or shuffle partitions, if more,
+        # but no more than the buckets (each task's unit of work): on a cluster, octo's
+        # default of 2 shuffle partitions for local[2] caps nothing.
+        self.tasks = min(buckets, max(self.spark.sparkContext.defaultParallelism, int(
+            self.spark.conf.get("spark.sql.shuffle.partitions") or 1)))
+        self.memo.clear()  # shapes and the driver path's state, made for other buckets
 
     def kept_buckets(self) -> int | None:
         """The buckets the table was created with, once a batch began (its commits' plan
@@ -210,6 +216,11 @@ class Pipeline:
         if RECOMPUTED in inputs:
             return publish_recomputed(self, batch, inputs[RECOMPUTED], pinned, ts_ms, stats,
                                       started)
+        if RESCALE in inputs:
+            stats = rescale_batch(self, batch, int(inputs[RESCALE]), pinned, ts_ms, stats,
+                                  started, resumed=resumed)
+            self.use_buckets(int(inputs[RESCALE]))
+            return stats
         store = self.env.store
         state_logs: dict[str, list] = {}  # a state table's pinned files, read once a batch
 

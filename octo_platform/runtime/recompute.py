@@ -20,6 +20,9 @@ finishes it from the scratch result.
 **Full refresh** (``refresh``; ``octo refresh``): delete the table and everything downstream
 of it (changelog, current snapshot, state, batch log, dead letters) and run them again from
 all input: their changelogs are rebuilt, not corrected.
+
+**Rescale** (``rescale``; ``octo rescale``): move a table's state to another number of
+buckets as one batch that changes no row (``runtime/rescale.py``); nothing is recomputed.
 """
 from __future__ import annotations
 
@@ -31,6 +34,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, Callable, Collection
 
 from octo_platform.errors import RunError
+from octo_platform.frontend.options import MAX_BUCKETS
 from octo_platform.project import Project, load_project
 from octo_platform.runtime.layout import Layout, ScratchLayout
 from octo_platform.runtime.environment import Environment
@@ -38,13 +42,14 @@ from octo_platform.runtime.options import RunOptions, resolve_warehouse
 from octo_platform.runtime.pipeline import Pipeline
 from octo_platform.runtime.stats import BatchStats
 from octo_platform.runtime.publish import RECOMPUTED, recompute_diff
+from octo_platform.runtime.rescale import RESCALE
 from octo_platform.runtime.locks import lock_tables
 from octo_platform.runtime.runner import RunReport, open_project, run_tables
 
 if TYPE_CHECKING:
     from pyspark.sql import SparkSession
 
-__all__ = ["backfill", "BackfillReport", "refresh", "reset_tables", "downstream_of"]
+__all__ = ["backfill", "BackfillReport", "refresh", "rescale", "reset_tables", "downstream_of"]
 
 SHOW_PARTITIONS = 10  # partitions named in the error of a backfill that would spill over
 
@@ -117,6 +122,32 @@ def backfill(
                 "window": None if window is None else [t.isoformat() for t in window]}})
     report.seconds = time.monotonic() - started
     return report
+
+
+def rescale(spark: SparkSession, project: str | Path | Project, name: str, buckets: int, *,
+            options: RunOptions) -> BatchStats | None:
+    """Move streaming table ``name``'s operator state and current state to ``buckets``
+    buckets, as one batch (None: it has that many already). A batch a crashed run left
+    half done (a rescale among them) is finished first."""
+    if not 1 <= buckets <= MAX_BUCKETS:
+        raise RunError(f"buckets must be a whole number from 1 to {MAX_BUCKETS}, not {buckets}")
+    proj, layout = open_project(project, options)
+    table = proj.table(name)
+    say = options.progress or (lambda _msg: None)
+    with lock_tables(layout, [table.name]):
+        live = Pipeline(spark, proj, table, layout, options.env, progress=options.progress)
+        pending = live.log.pending()
+        if pending is not None:
+            live.run_batch(pending[0], pending[1])
+        last = live.log.last_committed
+        if last < 0:
+            raise RunError(f"streaming table {table.name!r} has not run yet: its first run "
+                           "chooses its buckets (--buckets, or WITH (buckets = ...))")
+        if live.buckets == buckets:
+            say(f"[{table.name}] has {buckets} buckets already: nothing to do")
+            return None
+        say(f"[{table.name}] rescaling from {live.buckets} to {buckets} buckets")
+        return live.run_batch(last + 1, {RESCALE: buckets})
 
 
 def refresh(
