@@ -14,7 +14,10 @@ Per group of streaming tables (a sub-folder of ``sql/``):
 Per streaming table:
 
 - ``full_refresh_<table>``: a job that deletes the table and everything downstream of it and
-  rebuilds them from all input (``octo_platform.runtime.recompute.refresh``).
+  rebuilds them from all input (``octo_platform.runtime.recompute.refresh``);
+- ``rescale_<table>``: a job that moves the table's state to the number of buckets its run
+  config names (``ops: {rescale_<table>_op: {config: {buckets: N}}}``;
+  ``octo_platform.runtime.recompute.rescale``).
 
 For the whole project:
 
@@ -59,6 +62,10 @@ class ContinuousConfig(dg.Config):
     interval: str = "1 second"
 
 
+class RescaleConfig(dg.Config):
+    buckets: int  # the table's new number of buckets (1 to 4096)
+
+
 def project_automation(project: Project, translator: OctoTranslator, *,
                        restart_cron: str = RESTART_CRON,
                        catch_up_cron: str = CATCH_UP_CRON,
@@ -90,7 +97,8 @@ def project_automation(project: Project, translator: OctoTranslator, *,
         schedules += [_restart_schedule(continuous, group, restart_cron, default_status),
                       _catch_up_schedule(catch_ups[group], continuous.name, group,
                                          catch_up_cron, default_status)]
-    jobs += [full_refresh_job(project, t.name, translator) for t in project.order()]
+    jobs += [job(project, t.name, translator) for t in project.order()
+             for job in (full_refresh_job, rescale_job)]
     sensors = [backlog_sensor(project, catch_ups, translator, sensor_status)] if groups else []
     return {"jobs": jobs, "schedules": schedules, "sensors": sensors}
 
@@ -219,6 +227,38 @@ def full_refresh_job(project: Project, name: str,
                         f"state (and those of {', '.join(affected[1:]) or 'no other table'}, "
                         "downstream of it) and rebuilds them from all input.",
             tags={"octo/mode": "full-refresh"})
+    def _job():
+        _op()
+
+    return _job
+
+
+def rescale_job(project: Project, name: str, translator: OctoTranslator) -> dg.JobDefinition:
+    """Move ``name``'s operator state and current state to ``config.buckets`` buckets."""
+
+    @dg.op(name=f"rescale_{name}_op",
+           description=f"Moves the state of {name} to the configured number of buckets.")
+    def _op(context: dg.OpExecutionContext, config: RescaleConfig, spark: SparkResource,
+            warehouse: WarehouseResource) -> dg.Output:
+        from octo_platform.runtime.recompute import rescale
+
+        started = time.monotonic()
+        stats = rescale(spark.get_session(), project, name, config.buckets,
+                        options=warehouse.options(project.root, progress=context.log.info))
+        if stats is not None:
+            context.log_event(dg.AssetObservation(
+                asset_key=translator.get_asset_key(name),
+                description=f"rescaled to {config.buckets} buckets",
+                metadata={"batch": stats.batch, "buckets": config.buckets}))
+        return dg.Output(None, metadata={"buckets": config.buckets,
+                                         "rescaled": stats is not None,
+                                         "duration_s": round(time.monotonic() - started, 3)})
+
+    @dg.job(name=f"rescale_{name}", executor_def=dg.in_process_executor,
+            description=f"Rescale of {name}: its operator state and current state moved to "
+                        "the number of buckets the run config names (ops.rescale_"
+                        f"{name}_op.config.buckets), as one batch that changes no row.",
+            tags={"octo/mode": "rescale"})
     def _job():
         _op()
 

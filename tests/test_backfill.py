@@ -265,7 +265,7 @@ def test_partitions_dagster_cannot_run_are_refused(project):
         build_definitions(project)
 
 
-def test_dagster_partitions_backfill_and_full_refresh(spark, project):
+def test_dagster_partitions_backfill_full_refresh_and_rescale(spark, project):
     import dagster as dg
 
     from orchestration.definitions import build_definitions
@@ -326,6 +326,16 @@ def test_dagster_partitions_backfill_and_full_refresh(spark, project):
     check_like_scratch(spark, project)
     assert {e["source"]["batch_id"] for e in changelog_events(project / "warehouse", "daily")} \
         == {0, 1}, "rebuilt: the changelog restarts at batch 0 (2 files per batch)"
+
+    # Rescale job: per_k's state moved to 3 buckets as a batch that changes no row.
+    rescaled = defs.resolve_job_def("rescale_per_k").execute_in_process(
+        instance=instance, run_config={"ops": {"rescale_per_k_op": {"config": {"buckets": 3}}}})
+    assert rescaled.success
+    (obs,) = [e for e in rescaled.all_events if e.event_type_value == "ASSET_OBSERVATION"]
+    assert obs.asset_key == dg.AssetKey("per_k")
+    check_like_scratch(spark, project)
+    current = DeltaTable(str(project / "warehouse" / "_current" / "per_k"))
+    assert {int(p["_bucket"]) for p in current.partitions()} <= {0, 1, 2}
 
 
 def test_cli_backfill_errors(project, capsys):
