@@ -2,7 +2,8 @@
 octo's Spark path vs Spark's own streaming, side by side in one application.
 
     PYSPARK_PYTHON=$(which python) python benchmarks/cluster.py \
-        [--bids 1000000 --auctions 100000 --files 10 --workers 2 --out /tmp/octo-bench/cluster]
+        [--bids 1000000 --auctions 100000 --files 10 --workers 2 --conf KEY=VALUE ...
+         --out /tmp/octo-bench/cluster]
 
 What it starts (and stops): moto's S3 server on loopback (``tests/object_store.py``) and a
 Spark standalone master with ``--workers`` workers of one core each (``deploy/standalone.sh``,
@@ -96,6 +97,9 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--auctions", type=int, default=100_000)
     ap.add_argument("--files", type=int, default=10)
     ap.add_argument("--workers", type=int, default=2)
+    ap.add_argument("--conf", action="append", default=[], metavar="KEY=VALUE",
+                    help="a Spark setting of the session (repeatable; e.g. "
+                    "spark.sql.adaptive.enabled=true)")
     ap.add_argument("--out", type=Path, default=Path("/tmp/octo-bench/cluster"))
     args = ap.parse_args(argv)
     os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
@@ -115,7 +119,8 @@ def main(argv: list[str] | None = None) -> int:
             from octo_platform.runtime.session import spark_session
 
             spark = spark_session(master=master, uris=[data], conf={
-                **BENCH_CONF, "spark.scheduler.minRegisteredResourcesRatio": "1.0"})
+                **BENCH_CONF, "spark.scheduler.minRegisteredResourcesRatio": "1.0",
+                **dict(c.split("=", 1) for c in args.conf)})
             try:
                 env = env_info(spark)
                 log("[cluster] a) Spark native, noop sink")

@@ -98,7 +98,10 @@ def _nullable(table: pa.Table) -> pa.Table:
 
 
 def _commit_stamp(path: str, version: int) -> tuple[int, int] | None:
-    """Identity of a local table's commit file of ``version`` (None: it is gone)."""
+    """Identity of a local table's commit file of ``version`` (None: it is gone, or the
+    table is in object storage)."""
+    if "://" in path:
+        return None
     try:
         st = os.stat(os.path.join(path, "_delta_log", f"{version:020d}.json"))
     except OSError:
@@ -154,11 +157,13 @@ class _Held:
 class DeltaStore:
     """Reads and idempotent writes of the Delta tables under a warehouse.
 
-    A local table's handle is kept open per thread (a pipeline runs its batches on one
+    A table's handle is kept open per thread (a pipeline runs its batches on one
     thread; a handle is never used by two threads at once), passed on to later threads
     (``_Held``), and brought up to date incrementally before each use: a full open reads and
-    replays the whole log (~8 ms here), an update only the new commits (~0.4 ms), and none
-    is made when the next commit file is not there. A handle
+    replays the whole log (~8 ms here; in object storage a listing and a read per commit
+    since the last checkpoint), an update only the new commits (~0.4 ms; in object storage
+    a listing), and for a local table none is made when the next commit file is not there.
+    A local table's handle
     whose newest commit file is no longer the one it read (the table was deleted and made
     again, e.g. by ``octo reset``) is dropped and the table opened afresh.
     """
@@ -183,9 +188,9 @@ class DeltaStore:
             if version is None or dt.version() == version:
                 return dt
         try:
-            if "://" not in path and kept is None:
-                # a local table is opened at its newest version and kept, which is the
-                # version asked for most of the time (a batch pins the versions it reads)
+            if kept is None:
+                # a table is opened at its newest version and kept, which is the version
+                # asked for most of the time (a batch pins the versions it reads)
                 dt = DeltaTable(path, storage_options=self.storage_options)
                 handles[path] = (dt, _commit_stamp(path, dt.version()))
                 if version is None or version == dt.version():
@@ -302,8 +307,7 @@ class DeltaStore:
             return 0
         # Single writer per table (the runner holds a lock); writing updated the handle, so
         # it is kept with its new commit file's stamp (else the next use would reopen it).
-        if "://" not in path:
-            self._held().tables[path] = (dt, _commit_stamp(path, dt.version()))
+        self._held().tables[path] = (dt, _commit_stamp(path, dt.version()))
         return dt.version()
 
     def done(self, path: str, *, app_id: str, batch: int) -> bool:

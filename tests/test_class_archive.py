@@ -102,5 +102,5 @@ def test_the_dagster_resource_passes_its_defaults_to_the_session(monkeypatch, qu
                         lambda **kw: seen.update(kw) or "session")
     resource = SparkResource(master="local[1]", conf={"spark.a": "1"}, quick_start=quick)
     assert resource.get_session() == "session"
-    assert seen == {"master": "local[1]", "conf": {"spark.a": "1"},
+    assert seen == {"master": "local[1]", "conf": {"spark.a": "1"}, "uris": [],
                     "defaults": {"asked": ({"spark.a": "1"}, quick)}}
