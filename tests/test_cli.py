@@ -57,7 +57,7 @@ def test_check_checks_every_table_and_runs_nothing(spark, tmp_path, capsys, monk
     2) at the call, with Spark's message and no plan; nothing is written either way."""
     from octo_platform import cli
 
-    monkeypatch.setattr(cli, "_session", lambda args: spark)
+    monkeypatch.setattr(cli, "_session", lambda args, project: spark)
     root = project(tmp_path)
     assert main(["check", "--project", str(root)]) == 0
     assert capsys.readouterr().out.strip() == "ok: 1 streaming table(s), 1 source(s), 0 sink(s)"
