@@ -48,3 +48,37 @@ def test_later_runs_map_the_buckets_earlier_runs_kept(spark, tmp_path):
     assert lookups > 0 and hits == lookups, seen  # every bucket the first run kept
     assert seen[2][0] == seen[2][1] > 0, seen
     assert seen[3][0] == 0 < seen[3][1], seen
+
+
+def test_the_driver_paths_next_run_maps_what_the_last_run_held(spark, tmp_path, monkeypatch):
+    """A run on the driver path keeps what it held at its end (each state table whole, each
+    current-state bucket); the next run's first batch on the machine maps them instead of
+    reading the state's files, and the tables still equal the batch query. An entry of
+    other files (the machine lost its newest) is not taken: Delta is read."""
+    from octo_platform.runtime import driver
+    from octo_platform.runtime.operators import kernels
+
+    src = RandomInput(18, debezium=True)
+    (tmp_path / "sql").mkdir()
+    sql = SQL.format(ddl=src.ddl())
+    (tmp_path / "sql" / "t.sql").write_text(sql)
+    warehouse = tmp_path / "warehouse"
+    monkeypatch.setenv(bucket_cache.CACHE_ENV, str(tmp_path / "cache"))
+    reads = []
+    for name, module in (("_latest", kernels), ("read_bucket", driver)):
+        real = getattr(module, name)
+        monkeypatch.setattr(module, name, lambda *a, _real=real, _name=name, **k:
+                            reads.append(_name) or _real(*a, **k))
+    for round_no in range(3):
+        write_lines(tmp_path / "data" / "src", f"f{round_no}.json", src.lines(40))
+        if round_no == 2:  # lost: the next run reads the state from Delta
+            shutil.rmtree(tmp_path / "cache")
+        reads.clear()
+        report = run_tables(spark, tmp_path, options=default_options(
+            buckets=BUCKETS, progress=None), until_idle=True)
+        assert [b.path for b in report.batches] == ["driver"]
+        check_tables(spark, warehouse, sql, {"src": src.relation()}, {"per_k": True}, round_no)
+        if round_no == 1:
+            assert not reads, reads  # the state and every touched bucket were mapped
+        elif round_no == 2:
+            assert "_latest" in reads and "read_bucket" in reads, reads

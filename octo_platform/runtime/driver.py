@@ -37,7 +37,7 @@ import pyarrow.compute as pc
 from octo_platform.columns import BUCKET, WEIGHT
 from octo_platform.physical.plan import PAggregate, PhysicalPlan, PJoin, PSource, PStateless, \
     POver, PSession, PTopN, PUnion
-from octo_platform.runtime.operators import BatchContext, apply_steps
+from octo_platform.runtime.operators import BatchContext, apply_steps, bucket_cache
 from octo_platform.local_frames import arrow_schema
 from octo_platform.runtime.operators.arrow import DRIVER_BYTES, concat, key_join, primitive, \
     safe_keys
@@ -69,7 +69,8 @@ if TYPE_CHECKING:
     from octo_platform.runtime.table_run import TableRun
 
 __all__ = ["DEFAULT_DRIVER_ROWS", "DEFAULT_DRIVER_STATE_ROWS", "plan_runs_in_driver",
-           "input_rows", "held_rows", "forget_held", "run_in_driver", "Unsupported"]
+           "input_rows", "held_rows", "forget_held", "keep_held", "run_in_driver",
+           "Unsupported"]
 
 # Measured (benchmarks/README.md, "The driver path's bounds"): on 2 local cores the driver
 # path beat the Spark path at every batch size up to 1M rows, 2-9x.
@@ -151,6 +152,31 @@ def _num_rows(held: Any) -> int:
     if isinstance(held, dict):
         return sum(_num_rows(rows) for rows in held.values())
     return held.num_rows
+
+
+def keep_held(pipe: TableRun) -> None:
+    """At the end of a run: what the driver path holds (``kernels.HELD`` entries of the
+    memo), kept in this machine's state cache (``bucket_cache``) under the files of the
+    version it stands for, so that the next run's first batch here maps it instead of
+    reading the state from Delta: each state table whole, each current-state bucket."""
+    store = pipe.env.store
+    last = (pipe.log.commit_payload(pipe.log.last_committed) or {}).get("versions", {})
+    for key, entry in list(pipe.memo.items()):
+        if not key.startswith(HELD):
+            continue
+        (version, held), name = entry, key.removeprefix(HELD)
+        if version is None or last.get(name if key == _CURRENT else f"state/{name}") != version:
+            continue  # held since a later batch ran on the Spark path: stale
+        if key == _CURRENT:
+            path = pipe.layout.current(pipe.name)
+            files = files_by_bucket(store, path, version)
+            for b, rows in held.items():
+                bucket_cache.keep(path, b, [f["path"] for f in files.get(b, [])],
+                                  rows.table() if isinstance(rows, KeyedRows) else rows)
+        else:
+            path = pipe.layout.state(pipe.name, name)
+            bucket_cache.keep(path, bucket_cache.WHOLE,
+                              [f["path"] for f in store.data_files(path, version)], held.table())
 
 
 def forget_held(memo: dict[str, Any]) -> None:
@@ -410,8 +436,10 @@ def current(pipe: TableRun, ctx: BatchContext, events: pa.Table, pinned: dict[st
 
     def bucket(b: int) -> tuple[Any, pa.Table]:  # the bucket's rows, kept and as written
         rows = kept.get(b)
-        if rows is None:
-            rows = read_bucket(reader, path, files.get(b, []), schema)
+        if rows is None:  # this machine's entry (the Spark path's, a run's end), or Delta
+            rows = bucket_cache.cached(path, b, [f["path"] for f in files.get(b, [])])
+            if rows is None:
+                rows = read_bucket(reader, path, files.get(b, []), schema)
             rows = KeyedRows(rows, keys, kept=True) if keyed else rows
         if keyed:
             rows = merge_keyed(rows, changes[b])

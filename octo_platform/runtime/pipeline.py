@@ -26,6 +26,7 @@ from octo_platform.runtime.driver import (
     Unsupported,
     forget_held,
     held_rows,
+    keep_held,
     input_rows,
     plan_runs_in_driver,
     run_in_driver,
@@ -171,6 +172,11 @@ class Pipeline:
             return int(found.group(1))
         pending = self.log.pending()
         return int(pending[1][BUCKETS_KEY]) if pending and BUCKETS_KEY in pending[1] else None
+
+    def finish(self) -> None:
+        """At the end of a run: the driver path's state kept on this machine for the next
+        run (``driver.keep_held``)."""
+        keep_held(self)
 
     def publish(self) -> list[SinkStats]:
         """Let every sink of the table publish what the changelog has (see ``sinks.py``)."""

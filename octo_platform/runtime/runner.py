@@ -472,6 +472,8 @@ def run_tables(
             _catch_up(queries, parallel)
         else:
             _run_continuously(queries, interval, deadline, options.progress)
+        for q in queries:  # a run that ended cleanly: what it held, for the next run here
+            q.pipeline.finish()
     return report
 
 

@@ -9,6 +9,11 @@ whose pinned files name no entry here (another machine ran the bucket last, the 
 wrote the entry died before its commit, the cache was cleared) reads those files from Delta,
 which stays the durable truth. So an entry is never trusted beyond the files it stands for,
 and exactly-once is unchanged. Each bucket keeps its newest entry only.
+
+The driver path keeps what it held at the end of a run the same way (``driver.keep_held``):
+each current-state bucket as the Spark path does, each state table whole (bucket
+``WHOLE``), so the next run's first batch on the machine maps them instead of reading and
+de-duplicating the Parquet files.
 """
 from __future__ import annotations
 
@@ -22,9 +27,10 @@ from typing import Any
 import pyarrow as pa
 from pyspark.accumulators import AccumulatorParam
 
-__all__ = ["CACHE_ENV", "cached", "keep", "counter"]
+__all__ = ["CACHE_ENV", "WHOLE", "cached", "keep", "counter"]
 
 CACHE_ENV = "OCTO_STATE_CACHE"  # a directory, or "off"
+WHOLE = -1  # the bucket of an entry holding a state table's rows as a whole (driver path)
 
 
 def _bucket_dir(table: str, bucket: int) -> Path | None:

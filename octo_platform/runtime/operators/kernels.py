@@ -25,6 +25,7 @@ import pyarrow.compute as pc
 from octo_platform.columns import BUCKET, COUNT, WEIGHT
 from octo_platform.local_frames import arrow_schema, arrow_type, local_frame
 from octo_platform.physical.plan import PAggregate, PJoin, POver, PSession, PTopN
+from octo_platform.runtime.operators import bucket_cache
 from octo_platform.runtime.operators.aggregate import Aggregate
 from octo_platform.runtime.operators.arrow import concat, local_path, read_parquet, spark_eval
 from octo_platform.runtime.operators.aggregate_kernel import aggregate_step, arrow_output, \
@@ -127,14 +128,19 @@ class LocalContext:
                local: Callable[[list[StateFile]], pa.Table | None],
                keys: list[str]) -> KeyedRows:
         """State table ``table``'s rows as of the pinned version, found by the columns
-        ``keys``: from the run's cache when it holds that version, else loaded: with Arrow
+        ``keys``: from the run's cache when it holds that version, else from this machine's
+        cache when an earlier run kept them (``driver.keep_held``), else loaded: with Arrow
         from local files (``local``, given the pinned files, none for an empty log; None
         when one is remote), else by Spark (``load``: the rows as a Spark frame)."""
         version = self.pinned.get(f"state/{table}")
         got = self.ctx.memo.get(f"{HELD}{table}")
         if got is not None and got[0] == version:
             return got[1]
-        rows = local(self.ctx.state_log(table))
+        files = self.ctx.state_log(table)
+        rows = bucket_cache.cached(self.ctx.state_path(table), bucket_cache.WHOLE,
+                                   [f["path"] for f in files])  # an earlier run's, here
+        if rows is None:
+            rows = local(files)
         cache = KeyedRows(load().toArrow() if rows is None else rows, keys, kept=True)
         self.ctx.memo[f"{HELD}{table}"] = (version, cache)
         return cache
