@@ -186,6 +186,7 @@ def measure_batch_vs_state(spark: Any, workdir: Path, batch_events: int = 100_00
                                   distinct=1) for n in state_keys}
     first: dict[int, list[float]] = {n: [] for n in state_keys}
     second: dict[int, list[float]] = {n: [] for n in state_keys}
+    restart: dict[int, list[float]] = {n: [] for n in state_keys}
     equal: dict[int, list[float]] = {n: [] for n in state_keys}
     out: dict[str, Any] = {}
     for _ in range(repeat):
@@ -202,6 +203,10 @@ def measure_batch_vs_state(spark: Any, workdir: Path, batch_events: int = 100_00
             out[f"runtime_jobs_{n}_keys"] = batch_jobs(report)
             fresh((2, 3))
             second[n].append(batch_seconds(run_octo(spark, project, warehouse))[-1])
+            fresh((2,))  # a run that ends cleanly (it keeps what it held), then a restart
+            run_octo(spark, project, warehouse)
+            state.add((3,))
+            restart[n].append(batch_seconds(run_octo(spark, project, warehouse))[0])
             fresh((4,))
             equal[n].append(batch_seconds(run_octo(spark, project, warehouse))[0])
     idle_state = states[state_keys[0]]
@@ -217,8 +222,11 @@ def measure_batch_vs_state(spark: Any, workdir: Path, batch_events: int = 100_00
         out[f"distinct_batch_s_runs_{n}_keys"] = [round(x, 3) for x in equal[n]]
         out[f"batch_s_runs_{n}_keys"] = [round(x, 3) for x in first[n]]
         out[f"next_batch_s_with_{n}_keys"] = round(statistics.median(second[n]), 3)
+        out[f"restart_batch_s_with_{n}_keys"] = round(statistics.median(restart[n]), 3)
+        out[f"restart_batch_s_runs_{n}_keys"] = [round(x, 3) for x in restart[n]]
         for label, runs in ((f"{batch_events} events over {n} keys", first[n]),
                             (f"the next batch of a run over {n} keys", second[n]),
+                            (f"a restart's first batch over {n} keys", restart[n]),
                             (f"{batch_events} distinct keys over {n} keys", equal[n])):
             log(f"[state] {label}: {statistics.median(runs):.2f}s (median of "
                 f"{', '.join(f'{x:.2f}' for x in runs)})")
@@ -272,6 +280,11 @@ class PrimedState:
         done.touch()
         return state
 
+    def add(self, files: Iterable[int]) -> None:
+        """These later files as input too."""
+        for i in files:
+            shutil.copy(self.work / "later" / f"part-{i:05d}.parquet", self.work / "input")
+
     def fresh(self, files: Iterable[int]) -> None:
         """The primed warehouse again, and of the later files these alone as input."""
         shutil.rmtree(self.warehouse)
@@ -279,8 +292,7 @@ class PrimedState:
         for f in (self.work / "input").glob("part-*.parquet"):
             if f.name != "part-00000.parquet":
                 f.unlink()
-        for i in files:
-            shutil.copy(self.work / "later" / f"part-{i:05d}.parquet", self.work / "input")
+        self.add(files)
 
 
 def _write_bids(path: Path, auctions: Any, rng: Any) -> None:
@@ -390,6 +402,14 @@ def targets(res: dict[str, Any]) -> list[Target]:
     rows.append(Target(
         "batch_vs_state_next", "the same, a run's second batch (its state cache loaded)",
         "info", "s", w_big, w_small, note="the row above times a run's first batch"))
+    rows.append(Target(
+        "restart_first_batch",
+        f"a restart's first {human(p['state_batch'])}-event batch over {human(k_big)} keys on "
+        "the machine that ran the table before vs a later batch of one run (driver path)",
+        "ratio_max", "s", st.get(f"restart_batch_s_with_{k_big}_keys"), w_big, 1.2,
+        note="the same two files of bids each way: a run of the first, then a run of the "
+             "second (its batch timed), vs one run of both (its second batch timed)",
+        details={k: v for k, v in st.items() if k.startswith(("restart_", "next_"))}))
     e_small, e_big = (st.get(f"distinct_batch_s_with_{k}_keys") for k in (k_small, k_big))
     rows.append(Target(
         "batch_vs_state_equal_change", "the same first batch with the change held equal: "
