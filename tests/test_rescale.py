@@ -26,7 +26,7 @@ from octo_platform.runtime.rescale import RESCALE
 from octo_platform.runtime.runner import run_tables
 from octo_platform.wiring import default_environment, default_options
 from tests.oracle import RandomInput, check_tables, write_lines
-from tests.processes import mid_run, octo_run, run_killing
+from tests.processes import octo_run, run_killing
 
 TABLES = {
     "by_count": """SELECT n, COUNT(*) AS keys, SUM(total) AS total, MAX(top) AS top FROM (
@@ -142,8 +142,7 @@ def test_a_rescale_killed_at_random_moments_is_finished_by_the_next(spark, tmp_p
     _feed(tmp_path, feeds, rng, 0)
     log = tmp_path / "octo.log"
     env = {"PYSPARK_PYTHON": sys.executable, **os.environ}
-    run_killing(octo_run(tmp_path) + ["--driver-rows", "0"], log,
-                until=lambda proc: None, kills=0, attempts=1, env=env)
+    run_tables(spark, tmp_path, options=default_options(driver_rows=0, progress=None))
     cmd = [sys.executable, "-m", "octo_platform.cli", "rescale", "by_count", "--buckets", "3",
            "--project", str(tmp_path), *octo_run(tmp_path)[-2:]]
 
@@ -159,8 +158,7 @@ def test_a_rescale_killed_at_random_moments_is_finished_by_the_next(spark, tmp_p
     last = _log(tmp_path, "by_count")
     assert last.pending() is None
     assert last.commit_payload(last.last_committed)["fingerprint"].endswith("-b3")
-    _check(spark, tmp_path, sql, feeds, 0)
-    _feed(tmp_path, feeds, rng, 1)
-    run_killing(octo_run(tmp_path), log, until=mid_run(log, rng), kills=0, attempts=1, env=env)
-    _check(spark, tmp_path, sql, feeds, 1)
     assert _buckets_filed(tmp_path, "by_count") <= set(range(3))
+    _feed(tmp_path, feeds, rng, 1)
+    run_tables(spark, tmp_path, options=default_options(progress=None))
+    _check(spark, tmp_path, sql, feeds, 1)
