@@ -163,19 +163,19 @@ def read_files(spark: SparkSession, source: FileSource, files: list[str]) -> Par
 def read_files_local(spark: SparkSession, source: FileSource, files: list[str]) -> Parsed:
     """``read_files`` for a small batch in the driver: the files are read here and parsed
     by the same Spark SQL over a local relation (projections and filters only, which Spark
-    evaluates in the driver: no job). JSON and Debezium JSON files (local or in an object
-    store), Parquet of local files;
+    evaluates in the driver: no job). JSON, Debezium JSON and Parquet files (local or in
+    an object store);
     ``LookupError`` for anything else (the caller reads it with Spark instead)."""
     import pyarrow as pa
     import pyarrow.parquet as pq
 
-    if source.format == "csv" or (source.format == "parquet" and any("://" in f for f in files)):
+    if source.format == "csv":
         raise LookupError(f"{source.format} files are read by Spark")
     names = [f if "://" in f else f"file:{os.path.abspath(f)}" for f in files]
     if source.format == "parquet":
         if not files:
             raise LookupError("no files")
-        tables = [pq.read_table(f) for f in files]
+        tables = [pq.read_table(f.replace("s3a://", "s3://", 1)) for f in files]
         if any(t.schema != tables[0].schema for t in tables):
             raise LookupError("Parquet files of different schemas")
         data = pa.concat_tables([t.append_column("_file", pa.array([n] * t.num_rows, pa.string()))

@@ -213,15 +213,14 @@ def input_rows(pipe: TableRun, inputs: dict[str, Any], limit: int) -> int | None
             parquet = pipe.project.source(spec.name).format == "parquet"
             for f in got["files"]:
                 try:
-                    if "://" in f and parquet:
-                        return None
+                    store, path = _file_system(f)
                     if parquet:
-                        meta = pq.ParquetFile(f).metadata
+                        with store.open_input_file(path) as fh:
+                            meta = pq.ParquetFile(fh).metadata
                         rows += meta.num_rows
                         size += sum(meta.row_group(i).total_byte_size
                                     for i in range(meta.num_row_groups))
                     else:
-                        store, path = _file_system(f)
                         bytes_ = store.get_file_info(path).size or 0
                         size += bytes_
                         if size > DRIVER_BYTES or bytes_ > _TEXT_BYTES_PER_ROW * max(limit, 1):
