@@ -19,10 +19,6 @@ from octo_platform.runtime.runner import run_tables
 from octo_platform.wiring import default_options
 from tests.oracle import batch_results, check_changelog, current, replay, write_lines
 
-# Run in the `processes` part's pytest process (tests/suite.py): that part waits on other
-# processes most of the time, and these tests keep its Spark session busy meanwhile.
-pytestmark = pytest.mark.beside
-
 TABLES = {
     "enriched": """SELECT f.id, f.k, d.name, f.amount * d.tier AS score
         FROM facts f JOIN dim d ON f.k = d.k""",
