@@ -6,7 +6,7 @@ broker, `dagster dev` and its daemon's loops. Alone they kept about one of this 
 two cores busy (450 s of wall time, 425 core-seconds). They run in their own pytest process
 beside the rest, which keeps the cores busy with in-process Spark work; each process has
 its own SparkSession and its own temporary directory. In a clean clone on 2026-12-02 the
-``processes`` part took 14:07 and the rest 11:24.
+``processes`` part took 11:05 and the rest 10:32.
 
 Delta's jars are fetched (Maven Central, then cached) by one session before the two start,
 so two JVMs never resolve them into the same Ivy cache at once.
