@@ -165,7 +165,8 @@ def assemble(rows: dict[str, list[Target]], parts: set[str], scale: str) -> list
     skipped = "not run (--only)"
     out: list[Target] = []
     if "keyed" in parts:
-        out += pick("keyed", "keyed_agg") + pick("keyed", "batch_vs_state")
+        out += pick("keyed", "keyed_agg") + pick("keyed", "batch_vs_state") + \
+            pick("keyed", "restart")
     else:
         out += [not_run("keyed_agg_vs_native_noop", "keyed aggregation vs Spark native noop",
                         "ratio_min", 0.8, skipped),
