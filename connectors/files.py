@@ -45,14 +45,14 @@ class FileSource:
         return dict(self.options).get(key, default)
 
     def exact_rows(self, files: list[str]) -> int | None:
-        """How many records ``files`` hold, from their footers, when none can be bad: local
-        Parquet files each holding every declared column with exactly the type Spark gives
-        it (every cast the identity); None otherwise (or for no files)."""
+        """How many records ``files`` hold, from their footers, when none can be bad:
+        Parquet files (local or in S3) each holding every declared column with exactly the
+        type Spark gives it (every cast the identity); None otherwise (or for no files)."""
         if self.format != "parquet" or not files:
             return None
         rows = 0
         for path in files:
-            meta = _local_metadata(path)
+            meta = _footer(path)
             if meta is None or _exact_columns(meta.schema.to_arrow_schema(), self) is None:
                 return None
             rows += meta.num_rows
@@ -381,27 +381,33 @@ _SCHEMAS: dict[bytes, object] = {}
 _MAX_SCHEMAS = 64
 
 
-def _local_metadata(path: str) -> Any:
-    """A local Parquet file's footer (None: not local, or unreadable here)."""
+def _footer_path(path: str) -> str | None:
+    """Where pyarrow reads a file's footer: a local path, or an S3 URI (pyarrow's S3 file
+    system, configured by the ``AWS_*`` variables); None for another scheme."""
+    local = path.removeprefix("file://")
+    if "://" not in local:
+        return local
+    return "s3://" + local.split("://", 1)[1] if local.startswith(("s3://", "s3a://")) else None
+
+
+def _footer(path: str) -> Any:
+    """A Parquet file's footer, read here (None: unreadable here, or of another scheme)."""
     import pyarrow.parquet as pq
 
-    local = path.removeprefix("file://")
-    if "://" in local:
-        return None
+    where = _footer_path(path)
     try:
-        return pq.read_metadata(local)
+        return None if where is None else pq.read_metadata(where)
     except (OSError, ValueError):  # Spark reports it when it reads
         return None
 
 
 def _footer_key(path: str) -> bytes | None:
-    """The first file's footer schema (metadata included), or None if it is not local."""
+    """The first file's footer schema (metadata included), or None if it cannot be read
+    here."""
     import pyarrow.parquet as pq
 
-    local = path.removeprefix("file://")
-    if "://" in local:
-        return None
+    where = _footer_path(path)
     try:
-        return pq.read_schema(local).serialize().to_pybytes()
+        return None if where is None else pq.read_schema(where).serialize().to_pybytes()
     except (OSError, ValueError):  # unreadable here: Spark reports it when it reads
         return None
