@@ -62,8 +62,8 @@ def test_delta_jars_leave_out_the_libraries_spark_ships(spark, tmp_path):
 
 
 def test_a_session_for_s3_gets_s3a_from_the_same_variables_as_delta_rs(tmp_path):
-    """A warehouse or a source in S3 adds S3A's package at pyspark's Hadoop version and its
-    settings from the ``AWS_*`` variables; the credentials stay out of Spark's conf (its UI
+    """A warehouse or a source in S3 adds S3A's package at pyspark's Hadoop version (with
+    the AWS SDK's modules it uses) and its settings from the ``AWS_*`` variables; the credentials stay out of Spark's conf (its UI
     and event log show it)."""
     from octo_platform.runtime.session import delta_package, session_conf
 
@@ -75,8 +75,11 @@ def test_a_session_for_s3_gets_s3a_from_the_same_variables_as_delta_rs(tmp_path)
     conf = session_conf(environ=env, uris=[str(tmp_path / "wh"), "s3://bucket/data"])
     hadoop = [j for j in (Path(pyspark.__file__).parent / "jars").glob("hadoop-client-api-*")]
     version = hadoop[0].name.removeprefix("hadoop-client-api-").removesuffix(".jar")
-    assert conf["spark.jars.packages"] == \
-        f"{delta_package()},org.apache.hadoop:hadoop-aws:{version}"
+    wanted = conf["spark.jars.packages"].split(",")
+    assert wanted[:2] == [delta_package(), f"org.apache.hadoop:hadoop-aws:{version}"]
+    # the AWS SDK's modules S3A uses, not its 686 MB bundle of every service
+    assert {p.rsplit(":", 1)[0] for p in wanted[2:]} >= {"software.amazon.awssdk:s3"}
+    assert conf["spark.jars.excludes"] == "software.amazon.awssdk:bundle"
     assert conf["spark.hadoop.fs.s3.impl"] == "org.apache.hadoop.fs.s3a.S3AFileSystem"
     assert conf["spark.hadoop.fs.s3a.endpoint"] == "http://127.0.0.1:9000"
     assert conf["spark.hadoop.fs.s3a.connection.ssl.enabled"] == "false"

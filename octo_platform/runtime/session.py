@@ -12,6 +12,7 @@ builder beats the file; so an octo default is only passed when the file does not
 """
 from __future__ import annotations
 
+import hashlib
 import os
 import re
 import sys
@@ -22,7 +23,7 @@ if TYPE_CHECKING:
     from pyspark.sql import SparkSession
 
 __all__ = ["spark_session", "session_conf", "spark_defaults_file", "spark_defaults_keys",
-           "delta_package", "delta_jars", "hadoop_aws_package", "in_s3", "object_store_conf",
+           "delta_package", "delta_jars", "hadoop_aws_packages", "in_s3", "object_store_conf",
            "packages", "DEFAULT_CONF", "DEFAULT_MASTER", "QUICK_START_CONF"]
 
 DEFAULT_MASTER = "local[2]"
@@ -120,14 +121,27 @@ def delta_package() -> str:
     return f"io.delta:delta-spark_{spark}_2.13:{version('delta-spark')}"
 
 
-def hadoop_aws_package() -> str:
+# The AWS SDK release each Hadoop release's S3A was built against. hadoop-aws's POM names the
+# SDK's ``bundle`` of every service (686 MB for 2.35.4: minutes to fetch on a new machine);
+# these modules of the same release are what S3A loads (19 MB with their dependencies). A
+# Hadoop release not listed here gets the bundle.
+_AWS_SDK = {"3.5.0": "2.35.4"}
+_AWS_MODULES = ("s3", "s3-transfer-manager", "apache-client", "netty-nio-client", "sts")
+AWS_BUNDLE = "software.amazon.awssdk:bundle"
+
+
+def hadoop_aws_packages() -> tuple[str, ...]:
     """Maven coordinates of Hadoop's S3A file system at the Hadoop version pyspark ships (its
-    ``hadoop-client-api`` jar): the two must match."""
+    ``hadoop-client-api`` jar: the two must match), and of the AWS SDK's modules it uses
+    (``_AWS_SDK``; resolved with ``AWS_BUNDLE`` excluded)."""
     import pyspark
 
     jars = Path(pyspark.__file__).parent / "jars"
     for jar in jars.glob("hadoop-client-api-*.jar"):
-        return f"org.apache.hadoop:hadoop-aws:{jar.name.removeprefix('hadoop-client-api-')[:-4]}"
+        hadoop = jar.name.removeprefix("hadoop-client-api-")[:-4]
+        sdk = _AWS_SDK.get(hadoop)
+        return (f"org.apache.hadoop:hadoop-aws:{hadoop}",
+                *(f"software.amazon.awssdk:{m}:{sdk}" for m in _AWS_MODULES if sdk))
     raise RuntimeError(f"no hadoop-client-api jar in {jars}: cannot choose hadoop-aws")
 
 
@@ -138,7 +152,7 @@ def in_s3(uri: str) -> bool:
 def packages(uris: Iterable[str] = ()) -> tuple[str, ...]:
     """The Maven packages a session needs: Delta's, and S3A's when any of ``uris`` (the
     warehouse, the sources) is in S3."""
-    return (delta_package(), *((hadoop_aws_package(),) if any(map(in_s3, uris)) else ()))
+    return (delta_package(), *(hadoop_aws_packages() if any(map(in_s3, uris)) else ()))
 
 
 def object_store_conf(uris: Iterable[str], environ: Mapping[str, str] | None = None
@@ -171,6 +185,8 @@ def _jar_list(environ: Mapping[str, str], wanted: tuple[str, ...] | None = None)
     Delta's), one list per set of versions."""
     cache = environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
     name = "+".join(wanted or (delta_package(),)).replace(":", "_")
+    if len(name) > 200:  # a file name's limit is 255 bytes
+        name = f"{name[:150]}+{hashlib.sha256(name.encode()).hexdigest()[:16]}"
     return Path(cache) / "octo" / f"{name}.jars"
 
 
@@ -191,7 +207,9 @@ def delta_jars(environ: Mapping[str, str] | None = None,
         ships = _spark_ships()
         return {"spark.jars": ",".join(j for j in jars
                                        if _artifact(j, fetched=True) not in ships)}
-    return {"spark.jars.packages": ",".join(wanted)}
+    modular = any(p.startswith("software.amazon.awssdk:") for p in wanted)
+    return {"spark.jars.packages": ",".join(wanted),
+            **({"spark.jars.excludes": AWS_BUNDLE} if modular else {})}
 
 
 def _artifact(jar: str, fetched: bool = False) -> str:
@@ -243,7 +261,8 @@ def session_conf(*, master: str | None = None, conf: Mapping[str, str] | None = 
     ``spark-defaults.conf`` sets (the launcher applies those), then ``conf``, then
     ``master``. The jars of ``packages(uris)`` (``delta_jars``) come with the defaults unless
     the file or ``conf`` names jars themselves (``spark.jars``, ``spark.jars.packages``):
-    those must then include Delta's (``delta_package``) and S3A's (``hadoop_aws_package``)."""
+    those must then include Delta's (``delta_package``) and S3A's (``hadoop_aws_packages``, with
+    ``spark.jars.excludes`` ``AWS_BUNDLE``)."""
     env = os.environ if environ is None else environ
     uris = tuple(uris)
     from_file = spark_defaults_keys(spark_defaults_file(env))
