@@ -29,7 +29,8 @@ import pyarrow.compute as pc
 from octo_platform.columns import BUCKET, WEIGHT
 from octo_platform.local_frames import arrow_schema
 from octo_platform.runtime.current import CurrentBuckets, bucket_task, current_key
-from octo_platform.runtime.events import arrow_buckets, change_events, event_buckets
+from octo_platform.runtime.events import arrow_buckets, change_events, event_buckets, \
+    events_table, images
 from octo_platform.runtime.metrics import metrics, observe
 from octo_platform.runtime.operators.arrow import primitive
 from octo_platform.runtime.writes import WRITTEN_SCHEMA, Output, by_bucket, file_token, \
@@ -159,7 +160,20 @@ class TableWriter:
     def write(self, delta: pa.Table, bucket: int | None = None) -> pa.Table:
         """The files written for ``delta`` (rows ``FILES``); ``bucket``: every event must
         fall in this current-state bucket (the task's own)."""
-        events = self.events(delta)
+        return self.write_events(self.events(delta), bucket)
+
+    def write_changes(self, before: pa.Table, after: pa.Table, no_before: pa.Array,
+                      no_after: pa.Array, bucket: int) -> pa.Table:
+        """``write`` for events given as their rows' old and new images (``rows``' columns
+        but ``_w``, in its order) and where each is missing: a kernel that holds both
+        (``aggregate_kernel.arrow_changes``) pairs them itself."""
+        image = pa.struct([f for f in self.rows if f.name != WEIGHT])
+        return self.write_events(events_table(
+            images(before, image, no_before), images(after, image, no_after),
+            table=self.table, batch=self.batch, ts_ms=self.ts_ms), bucket)
+
+    def write_events(self, events: pa.Table, bucket: int | None) -> pa.Table:
+        """``write``'s files of the changelog's rows ``events``."""
         if not events.num_rows:
             return FILES.empty_table()
         buckets = event_buckets(events, list(self.current.keys), self.buckets)

@@ -16,7 +16,7 @@ from octo_platform.runtime.operators.arrow import normal_floats, primitive, run_
 from octo_platform.runtime.operators.keyed_rows import key_hash, same_values, sorted_hashes
 from octo_platform.runtime.operators.spark_hash import hashable, spark_hash, spark_pmod
 
-__all__ = ["change_events", "event_buckets", "arrow_buckets"]
+__all__ = ["change_events", "events_table", "images", "event_buckets", "arrow_buckets"]
 
 _SIGN = "__octo_sign"
 
@@ -29,7 +29,12 @@ def change_events(delta: pa.Table, columns: tuple[str, ...], pk: tuple[str, ...]
     cols = list(columns)
     image = pa.struct([pa.field(c, delta.schema.field(c).type) for c in cols])
     pairs = _pairs if all(primitive(f.type) for f in image) else _pairs_of_rows
-    before, after = pairs(delta, cols, pk, image)
+    return events_table(*pairs(delta, cols, pk, image), table=table, batch=batch, ts_ms=ts_ms)
+
+
+def events_table(before: pa.Array, after: pa.Array, *, table: str, batch: int, ts_ms: int
+                 ) -> pa.Table:
+    """The changelog's rows of events of ``before`` and ``after`` images (NULL: none)."""
     n = len(before)
     source = pa.scalar({"table": table, "batch_id": batch, "connector": "octo"},
                        pa.struct([("table", pa.string()), ("batch_id", pa.int64()),
@@ -53,10 +58,10 @@ def _pairs(delta: pa.Table, columns: list[str], pk: tuple[str, ...] | None,
     units = np.repeat(live, np.abs(w[live]))  # one row per unit of weight
     rows, sign = sums.select(columns).take(units), np.sign(w[units]).astype(np.int8)
     if pk is None:
-        return _images(rows, image, sign > 0), _images(rows, image, sign < 0)
+        return images(rows, image, sign > 0), images(rows, image, sign < 0)
     paired = _one_each(rows, sign, list(pk))
     if paired is not None:
-        return tuple(_images(rows.take(pa.array(at, mask=at < 0)), image, at < 0)
+        return tuple(images(rows.take(pa.array(at, mask=at < 0)), image, at < 0)
                      for at in paired)  # type: ignore[return-value]
     rows = rows.append_column(_SIGN, pa.array(sign))
     order = sort_indices(rows, [(c, False, True) for c in [*pk, _SIGN, *columns]])
@@ -70,7 +75,7 @@ def _pairs(delta: pa.Table, columns: list[str], pk: tuple[str, ...] | None,
     paired = gone.join(new, keys=["k", "r"], join_type="full outer", left_suffix="_b",
                        right_suffix="_a", use_threads=False).sort_by([("k", "ascending"),
                                                                         ("r", "ascending")])
-    return tuple(_images(rows.take(paired[f"i_{s}"]), image, pc.is_null(paired[f"i_{s}"]))
+    return tuple(images(rows.take(paired[f"i_{s}"]), image, pc.is_null(paired[f"i_{s}"]))
                  for s in "ba")  # type: ignore[return-value]
 
 
@@ -99,7 +104,7 @@ def _one_each(rows: pa.Table, sign: np.ndarray, pk: list[str]
     return before, after
 
 
-def _images(rows: pa.Table, image: pa.StructType, missing: Any) -> pa.Array:
+def images(rows: pa.Table, image: pa.StructType, missing: Any) -> pa.Array:
     """``rows`` as a struct array of ``image``, NULL where ``missing`` (booleans: numpy's
     or Arrow's)."""
     if isinstance(missing, pa.ChunkedArray):  # pa.array() would take it value by value

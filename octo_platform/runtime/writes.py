@@ -202,22 +202,38 @@ def parquet_options(schema: pa.Schema) -> dict[str, Any]:
     instead of 9.1, and took 1.30 MB instead of 2.62 (``benchmarks/parquet_costs.py``).
     Delta-encoded columns are not compressed: their bit-packed deltas leave snappy nothing
     to find (such a bucket of random keys: 2.06 MB either way), and it took 3 of the
-    write's 10.5 ms. Other columns keep snappy. Tables with nested columns (changelogs)
+    write's 10.5 ms. Other columns keep snappy. The fields of struct columns (a changelog's
+    images and ``source``) are columns here too: 50K events of three BIGINTs were written
+    in 11.5 ms instead of 27 and took 0.60 MB instead of 1.28. Tables with lists or maps
     keep Arrow's defaults."""
     import pyarrow as pa
 
-    if any(pa.types.is_nested(f.type) for f in schema):
+    leaves = list(_leaves(schema))
+    if any(t is None or pa.types.is_nested(t) for _, t in leaves):
         return {}
     options: dict[str, Any] = {"use_dictionary": [
-        f.name for f in schema
-        if pa.types.is_string(f.type) or pa.types.is_large_string(f.type)
-        or pa.types.is_binary(f.type)]}
-    ints = [f.name for f in schema if pa.types.is_int32(f.type) or pa.types.is_int64(f.type)]
+        name for name, t in leaves
+        if pa.types.is_string(t) or pa.types.is_large_string(t) or pa.types.is_binary(t)]}
+    ints = [name for name, t in leaves if pa.types.is_int32(t) or pa.types.is_int64(t)]
     if ints:
         options["column_encoding"] = dict.fromkeys(ints, "DELTA_BINARY_PACKED")
-        options["compression"] = {f.name: "none" if f.name in ints else "snappy"
-                                  for f in schema}
+        options["compression"] = {name: "none" if name in ints else "snappy"
+                                  for name, _ in leaves}
     return options
+
+
+def _leaves(fields: Any, prefix: str = "") -> Iterator[tuple[str, pa.DataType | None]]:
+    """The Parquet columns of ``fields`` (a schema's or a struct's): each field not a
+    struct, by its dotted path, and its type (None: a name with a dot, no path for it)."""
+    import pyarrow as pa
+
+    for f in fields:
+        if "." in f.name:
+            yield f.name, None
+        elif pa.types.is_struct(f.type):
+            yield from _leaves(f.type, f"{prefix}{f.name}.")
+        else:
+            yield f"{prefix}{f.name}", f.type
 
 
 def file_token(prefix: str, batch: int) -> str:

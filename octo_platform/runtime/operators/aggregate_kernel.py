@@ -20,7 +20,8 @@ from octo_platform.runtime.operators.arrow import concat, key_join, primitive, s
 from octo_platform.runtime.operators.keyed_rows import same_values
 from octo_platform.runtime.state_log import BATCH, StateFile, generation
 
-__all__ = ["AggregateStep", "Stepped", "aggregate_step", "arrow_output", "newest", "live_rows",
+__all__ = ["AggregateStep", "Stepped", "aggregate_step", "arrow_output", "arrow_changes", "newest",
+           "live_rows",
            "unsuffix", "with_batch_column"]
 
 
@@ -300,6 +301,43 @@ def arrow_output(keys: list[str] | tuple[str, ...], aggs: tuple[Any, ...], table
     where they differ, with ``Aggregate.values``' and ``change_flags``' meaning, when every
     value already has its output column's type (the Spark operator's final CAST is the
     identity; an AVG of integers divides as DOUBLE, as Spark's ``/``); else None."""
+    results = _results(keys, aggs, table, out)
+    if results is None:
+        return None
+    old_v, new_v, old_exists, new_exists, changed = results
+    parts = []
+    for vals, exists, weight in ((old_v, old_exists, -1), (new_v, new_exists, 1)):
+        pick = pc.and_(changed, exists)
+        part = pa.table([v.filter(pick) for v in vals], names=out.names[:-1])
+        parts.append(part.append_column(
+            WEIGHT, pa.array([weight] * part.num_rows, pa.int64())))
+    return concat(parts, out)
+
+
+def arrow_changes(keys: list[str] | tuple[str, ...], aggs: tuple[Any, ...], table: pa.Table,
+                  out: pa.Schema) -> tuple[pa.Table, pa.Table, pa.Array, pa.Array] | None:
+    """The change events of ``arrow_output``'s Δ, read off the accumulators: a group's row
+    holds both its old and its new result, so its retraction and insertion pair up without
+    grouping or sorting the rows (``events.change_events``' work). Per group whose result
+    changed: its old row and its new row (``out``'s columns but ``_w``), and where each is
+    missing (the group was new, or is gone); None where ``arrow_output`` is."""
+    results = _results(keys, aggs, table, out)
+    if results is None:
+        return None
+    old_v, new_v, old_exists, new_exists, changed = results
+    names = out.names[:-1]
+    changed, old_exists, new_exists = (
+        a.combine_chunks() if isinstance(a, pa.ChunkedArray) else a
+        for a in (changed, old_exists, new_exists))
+    return (pa.table([v.filter(changed) for v in old_v], names=names),
+            pa.table([v.filter(changed) for v in new_v], names=names),
+            pc.invert(old_exists.filter(changed)), pc.invert(new_exists.filter(changed)))
+
+
+def _results(keys: list[str] | tuple[str, ...], aggs: tuple[Any, ...], table: pa.Table,
+             out: pa.Schema) -> tuple[list, list, Any, Any, Any] | None:
+    """Each group's old and new result values (in ``out``'s columns), whether it existed
+    before and after, and whether its result changed (``arrow_output``)."""
     keys = list(keys)
 
     def values(side: str) -> list[pa.ChunkedArray] | None:
@@ -327,7 +365,7 @@ def arrow_output(keys: list[str] | tuple[str, ...], aggs: tuple[Any, ...], table
         return None
     if keys:
         old_exists = pc.fill_null(pc.greater(table[f"o{COUNT}"], 0), False)
-        new_exists = pc.greater(table[f"n{COUNT}"], 0)
+        new_exists = pc.fill_null(pc.greater(table[f"n{COUNT}"], 0), False)
     else:
         old_exists = pc.is_valid(table[f"o{COUNT}"])
         new_exists = pa.repeat(pa.scalar(True), table.num_rows)
@@ -335,10 +373,6 @@ def arrow_output(keys: list[str] | tuple[str, ...], aggs: tuple[Any, ...], table
     for a, b in zip(old_v, new_v):
         same = pc.and_(same, same_values(a, b))
     changed = pc.and_(table["_touched"], pc.invert(same))
-    parts = []
-    for vals, exists, weight in ((old_v, old_exists, -1), (new_v, new_exists, 1)):
-        pick = pc.and_(changed, exists)
-        part = pa.table([v.filter(pick) for v in vals], names=out.names[:-1])
-        parts.append(part.append_column(
-            WEIGHT, pa.array([weight] * part.num_rows, pa.int64())))
-    return concat(parts, out)
+    # a group that neither existed before nor exists after changes nothing
+    changed = pc.and_(changed, pc.or_(old_exists, new_exists))
+    return old_v, new_v, old_exists, new_exists, changed

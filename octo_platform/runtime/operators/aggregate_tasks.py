@@ -42,6 +42,7 @@ from octo_platform.runtime.operators.aggregate import Aggregate
 from octo_platform.runtime.operators.aggregate_kernel import (
     AggregateStep,
     aggregate_step,
+    arrow_changes,
     arrow_output,
     live_rows,
 )
@@ -150,10 +151,14 @@ class _Sunk:
     picked: tuple[str, ...]
 
     def write(self, accs: pa.Table, step: AggregateStep, bucket: int) -> pa.Table:
-        """The files of the table written for the groups' accumulators ``accs``."""
-        rows = arrow_output(step.keys, step.aggs, accs, self.rows)
-        rows = pa.table([rows[c] for c in self.picked], schema=self.writer.rows)
-        return self.writer.write(rows, bucket)
+        """The files of the table written for the groups' accumulators ``accs``: their
+        change events straight from each group's old and new row (``arrow_changes``)."""
+        before, after, no_before, no_after = arrow_changes(step.keys, step.aggs, accs,
+                                                           self.rows)
+        names = self.writer.rows.names[:-1]
+        return self.writer.write_changes(
+            *(pa.table([rows[c] for c in self.picked[:-1]], names=names)
+              for rows in (before, after)), no_before, no_after, bucket)
 
 
 def _accumulators(shape: Any, keys: int) -> Any:
