@@ -163,17 +163,22 @@ class TableWriter:
         return self.write_events(self.events(delta), bucket)
 
     def write_changes(self, before: pa.Table, after: pa.Table, no_before: pa.Array,
-                      no_after: pa.Array, bucket: int) -> pa.Table:
+                      no_after: pa.Array, bucket: int, current: pa.Table | None = None
+                      ) -> pa.Table:
         """``write`` for events given as their rows' old and new images (``rows``' columns
         but ``_w``, in its order) and where each is missing: a kernel that holds both
-        (``aggregate_kernel.arrow_changes``) pairs them itself."""
+        (``aggregate_kernel.arrow_changes``) pairs them itself. ``current``: all of the
+        bucket's rows after them, where the kernel holds those too (then the bucket is
+        written from them, not merged)."""
         image = pa.struct([f for f in self.rows if f.name != WEIGHT])
         return self.write_events(events_table(
             images(before, image, no_before), images(after, image, no_after),
-            table=self.table, batch=self.batch, ts_ms=self.ts_ms), bucket)
+            table=self.table, batch=self.batch, ts_ms=self.ts_ms), bucket, current)
 
-    def write_events(self, events: pa.Table, bucket: int | None) -> pa.Table:
-        """``write``'s files of the changelog's rows ``events``."""
+    def write_events(self, events: pa.Table, bucket: int | None,
+                     current: pa.Table | None = None) -> pa.Table:
+        """``write``'s files of the changelog's rows ``events`` (``current``: see
+        ``write_changes``)."""
         if not events.num_rows:
             return FILES.empty_table()
         buckets = event_buckets(events, list(self.current.keys), self.buckets)
@@ -187,8 +192,11 @@ class TableWriter:
         written = [{**write_file(self.current.opener, self.changelog,
                                  f"{self.token}-{uuid.uuid4().hex[:8]}", None, events, touched),
                     _OUT: 0, **counts}]
-        for b, part in by_bucket(events.select(["before", "after"]).append_column(BUCKET,
-                                                                                   buckets)):
-            written += [{**f, _OUT: 1, **dict.fromkeys(_OPS, 0)}
-                        for f in self.current.bucket(b, part)]
+        if current is not None:
+            files = self.current.write(touched[0], current)  # the task's bucket (above)
+        else:
+            files = [f for b, part in by_bucket(events.select(["before", "after"])
+                                                .append_column(BUCKET, buckets))
+                     for f in self.current.bucket(b, part)]
+        written += [{**f, _OUT: 1, **dict.fromkeys(_OPS, 0)} for f in files]
         return pa.Table.from_pylist(written, schema=FILES)

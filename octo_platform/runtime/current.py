@@ -158,9 +158,14 @@ class CurrentBuckets:
         if old is None:
             old = read_bucket(self.reader, self.path, files, self.image)
         rows = merge_current(old, events, self.keys, self.keyed)
+        done = self.write(bucket, rows)
+        if done:
+            bucket_cache.keep(self.path, bucket, [done[0]["path"]], rows)  # its one file
+        return done
+
+    def write(self, bucket: int, rows: pa.Table) -> list[dict[str, Any]]:
+        """The bucket's new file of all its ``rows`` (none when it is empty)."""
         if not rows.num_rows:
             return []
-        done = write_file(self.opener, self.path, f"{self.token}-{uuid.uuid4().hex[:8]}",
-                          bucket, rows)
-        bucket_cache.keep(self.path, bucket, [done["path"]], rows)  # the bucket's one file
-        return [done]
+        return [write_file(self.opener, self.path, f"{self.token}-{uuid.uuid4().hex[:8]}",
+                           bucket, rows.cast(self.image))]

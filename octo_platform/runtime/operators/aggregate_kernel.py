@@ -11,6 +11,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any, Callable
 
+import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
@@ -20,9 +21,10 @@ from octo_platform.runtime.operators.arrow import concat, key_join, primitive, s
 from octo_platform.runtime.operators.keyed_rows import same_values
 from octo_platform.runtime.state_log import BATCH, StateFile, generation
 
-__all__ = ["AggregateStep", "Stepped", "aggregate_step", "arrow_output", "arrow_changes", "newest",
-           "live_rows",
-           "unsuffix", "with_batch_column"]
+__all__ = ["AggregateStep", "Stepped", "aggregate_step", "arrow_output", "arrow_changes",
+           "arrow_rows", "newest", "live_rows", "unsuffix", "with_batch_column"]
+
+_ROW = "__octo_row"  # a state row's position, kept through a join
 
 
 @dataclass
@@ -71,8 +73,12 @@ class AggregateStep:
             d, ms[i] = self.with_multiset(d, i, delta, ms_before[i])
         dk, dcols = safe_keys(_prefixed(d, "d."), [f"d.{k}" for k in keys], "_d")
         ok, ocols = safe_keys(_prefixed(before, "o."), [f"o.{k}" for k in keys], "_o")
+        ok = ok.append_column(_ROW, pa.array(np.arange(ok.num_rows, dtype=np.int64)))
         old = key_join(ok, dk.select(dcols), ocols, dcols, "left semi")
-        table = self.accumulators(key_join(dk, old, dcols, ocols, "left outer"))
+        hit = np.zeros(ok.num_rows, bool)  # the state rows of the groups the batch touches
+        hit[old[_ROW].to_numpy()] = True
+        table = self.accumulators(key_join(dk, old.drop_columns([_ROW]), dcols, ocols,
+                                           "left outer"))
         changes = table.select([*keys, f"n{COUNT}", *[f"n{f}" for f in
                                                       self.state.names[len(keys) + 1:]]])
         changes = with_batch_column(changes.rename_columns(self.state.names), self.batch)
@@ -81,8 +87,7 @@ class AggregateStep:
             return Stepped(table, changes, changes, ms)
         if not keep_after:
             return Stepped(table, changes, None, ms)
-        kept = key_join(ok, dk.select(dcols), ocols, dcols, "left anti").select(
-            [f"o.{c}" for c in before.column_names]).rename_columns(before.column_names)
+        kept = before.filter(pa.array(~hit))
         live = changes.filter(pc.not_equal(changes[COUNT], 0))
         return Stepped(table, changes, concat([kept, live], self.logged), ms)
 
@@ -334,33 +339,43 @@ def arrow_changes(keys: list[str] | tuple[str, ...], aggs: tuple[Any, ...], tabl
             pc.invert(old_exists.filter(changed)), pc.invert(new_exists.filter(changed)))
 
 
+def arrow_rows(keys: list[str] | tuple[str, ...], aggs: tuple[Any, ...], state: pa.Table,
+               out: pa.Schema) -> pa.Table | None:
+    """The GROUP BY's result rows (``out``'s columns but ``_w``) of its groups' state rows
+    ``state`` (``AggregateStep.logged``'s columns, those of live groups: a bucket's
+    ``Stepped.after``); None where ``arrow_output`` is."""
+    values = _values(list(keys), aggs, state, out, "")
+    return None if values is None else pa.table(values, names=out.names[:-1])
+
+
+def _values(keys: list[str], aggs: tuple[Any, ...], table: pa.Table, out: pa.Schema,
+            side: str) -> list[pa.ChunkedArray] | None:
+    """The result values of the groups of ``table`` (in ``out``'s columns), of its
+    accumulators' ``side`` (``o``: old, ``n``: new; empty: ``table`` is state rows)."""
+    got = [table[k] for k in keys]
+    for i, a in enumerate(aggs):
+        if a.strategy == "count":
+            got.append(table[f"{side}{COUNT}" if a.arg is None else f"{side}c{i}"])
+        elif a.strategy == "sum":
+            total, count = table[f"{side}s{i}"], table[f"{side}c{i}"]
+            if a.func != "sum":
+                if not (pa.types.is_integer(total.type) or pa.types.is_floating(total.type)):
+                    return None
+                total = pc.divide(total.cast(pa.float64()), count.cast(pa.float64()))
+            got.append(pc.if_else(pc.greater(count, 0), total, pa.scalar(None, total.type)))
+        else:  # running or multiset: the value itself
+            got.append(table[f"{side}m{i}"])
+    if any(v.type != f.type for v, f in zip(got, out)):
+        return None
+    return got
+
+
 def _results(keys: list[str] | tuple[str, ...], aggs: tuple[Any, ...], table: pa.Table,
              out: pa.Schema) -> tuple[list, list, Any, Any, Any] | None:
     """Each group's old and new result values (in ``out``'s columns), whether it existed
     before and after, and whether its result changed (``arrow_output``)."""
     keys = list(keys)
-
-    def values(side: str) -> list[pa.ChunkedArray] | None:
-        got = [table[k] for k in keys]
-        for i, a in enumerate(aggs):
-            if a.strategy == "count":
-                got.append(table[f"{side}{COUNT}" if a.arg is None else f"{side}c{i}"])
-            elif a.strategy == "sum":
-                total, count = table[f"{side}s{i}"], table[f"{side}c{i}"]
-                if a.func != "sum":
-                    if not (pa.types.is_integer(total.type)
-                            or pa.types.is_floating(total.type)):
-                        return None
-                    total = pc.divide(total.cast(pa.float64()), count.cast(pa.float64()))
-                got.append(pc.if_else(pc.greater(count, 0), total,
-                                      pa.scalar(None, total.type)))
-            else:  # running or multiset: the value itself
-                got.append(table[f"{side}m{i}"])
-        if any(v.type != f.type for v, f in zip(got, out)):
-            return None
-        return got
-
-    old_v, new_v = values("o"), values("n")
+    old_v, new_v = _values(keys, aggs, table, out, "o"), _values(keys, aggs, table, out, "n")
     if old_v is None or new_v is None:
         return None
     if keys:

@@ -44,6 +44,7 @@ from octo_platform.runtime.operators.aggregate_kernel import (
     aggregate_step,
     arrow_changes,
     arrow_output,
+    arrow_rows,
     live_rows,
 )
 from octo_platform.local_frames import arrow_schema
@@ -150,15 +151,21 @@ class _Sunk:
     rows: pa.Schema
     picked: tuple[str, ...]
 
-    def write(self, accs: pa.Table, step: AggregateStep, bucket: int) -> pa.Table:
+    def write(self, accs: pa.Table, step: AggregateStep, bucket: int,
+              live: pa.Table | None) -> pa.Table:
         """The files of the table written for the groups' accumulators ``accs``: their
-        change events straight from each group's old and new row (``arrow_changes``)."""
+        change events straight from each group's old and new row (``arrow_changes``), and
+        where the bucket's ``live`` state rows after the batch are at hand, its
+        current-state file from their result rows (``arrow_rows``: the table's current
+        state is the GROUP BY's result, its buckets the GROUP BY's), with no merge."""
         before, after, no_before, no_after = arrow_changes(step.keys, step.aggs, accs,
                                                            self.rows)
+        current = None if live is None else arrow_rows(step.keys, step.aggs, live, self.rows)
         names = self.writer.rows.names[:-1]
-        return self.writer.write_changes(
-            *(pa.table([rows[c] for c in self.picked[:-1]], names=names)
-              for rows in (before, after)), no_before, no_after, bucket)
+        before, after, current = (
+            None if rows is None else pa.table([rows[c] for c in self.picked[:-1]], names=names)
+            for rows in (before, after, current))
+        return self.writer.write_changes(before, after, no_before, no_after, bucket, current)
 
 
 def _accumulators(shape: Any, keys: int) -> Any:
@@ -220,7 +227,7 @@ class _BucketTask:
         if self.sink is None:
             parts = [(0, "o", accs)]
         else:  # the table's files, of this bucket's groups' output rows
-            parts = [(_SINK, "w", self.sink.write(accs, step, bucket))]
+            parts = [(_SINK, "w", self.sink.write(accs, step, bucket, done.after))]
         changed = [done.changes, *[c for c, _ in done.ms.values()]]
         for j, (changes, before, mine) in enumerate(zip(changed, befores, files)):
             due = bucket in self.due[j]
