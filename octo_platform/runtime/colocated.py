@@ -11,7 +11,8 @@ they fall in (``events.event_buckets``), that bucket's new file (``current.merge
 Without this, the events cost a shuffle by key (``debezium.encode_keyed``) and the current
 state another by its bucket (``current.current_output``). Where the GROUP BY's rows are the
 table's up to renames, its own bucket tasks write the table with a ``TableWriter``
-(``aggregate_tasks``: offered through ``BatchContext.sink``), with no Spark SQL between;
+(``aggregate_tasks``: offered through ``BatchContext.sink``), with no Spark SQL between, from
+each group's old and new row, no pairing needed (``write_changes``);
 otherwise a task per partition of Δ does (``colocated_events``). Only the files' names come back
 (``writes.WRITTEN_SCHEMA``), the changelog's tagged with the current-state buckets its
 events touched (the current state's commit replaces those), and the events' counts by op,

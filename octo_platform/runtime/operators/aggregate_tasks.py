@@ -6,9 +6,11 @@ state table's new rows of the bucket as a file, and returns, as one tagged frame
 new accumulators of the groups it touched, and the files it wrote (``tasks``). Spark SQL then
 turns the accumulators into output rows (the operator's own expressions, as on the driver
 path), and the batch's write job commits the files. Where the GROUP BY's rows are the
-table's (``_sink``), each task turns its accumulators into output rows itself
-(``arrow_output``) and writes the table's changelog and its current-state bucket too
-(``colocated.TableWriter``): then only files come back. A bucket's live rows after the batch
+table's (``_sink``), each task turns its accumulators into change events itself
+(``arrow_changes``: a group's old and new row are its event's images) and writes the table's
+changelog and its current-state bucket too (``colocated.TableWriter``; the bucket from the
+result rows of its state after the batch where the task keeps those, ``arrow_rows``): then
+only files come back. A bucket's live rows after the batch
 are kept on the task's machine for the next task there (``bucket_cache``), where no window
 closes, nothing expires and no value multiset is kept. A bucket whose log is due for compaction
 (``state_log.compaction`` of its files) is rewritten by its own task: its live rows before
