@@ -132,6 +132,19 @@ def run_octo(spark: Any, project: Path, warehouse: Path, names: list[str] | None
     return run_tables(spark, project, options=options, **opts)
 
 
+def delta_rows(path: str | Path, columns: list[str] | None = None) -> Any:
+    """A Delta table's rows as an Arrow table (``columns``: those only), read as octo reads
+    its tables (``state.delta.DeltaStore``): ``DeltaTable.to_pyarrow_table`` left a process
+    aborting as it exited (``terminate called without an active exception``, exit 134;
+    benchmarks/README.md, "Processes that aborted as they exited")."""
+    from state.delta import DeltaStore
+
+    rows = DeltaStore().read(str(path))
+    if rows is None:
+        raise FileNotFoundError(f"no Delta table at {path}")
+    return rows if columns is None else rows.select(columns)
+
+
 def batches(report: Any, table: str | None = None) -> list[Any]:
     """The batches a run processed (skipped ones, already committed before, excluded)."""
     out = []

@@ -25,7 +25,7 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from common import batch_seconds, log, run_octo, session
+from common import batch_seconds, delta_rows, log, run_octo, session
 
 SQL = """CREATE SOURCE bids (auction {key_type}, price BIGINT) WITH (connector = 'files',
   path = 'data/bids', format = 'parquet', max_files_per_batch = '1');
@@ -88,10 +88,8 @@ def main(argv: list[str] | None = None) -> int:
         d, s = statistics.median(secs["driver"]), statistics.median(secs["spark"])
         rows.append((n, d, s))
         log(f"[threshold] {n} rows: driver {d:.3f}s, spark {s:.3f}s ({d / s:.2f}x)")
-    from deltalake import DeltaTable
-
     def current(root: Path) -> list:
-        t = DeltaTable(str(root / "warehouse" / "_current" / "agg")).to_pyarrow_table()
+        t = delta_rows(root / "warehouse" / "_current" / "agg")
         return sorted(t.drop_columns(["_bucket"]).to_pylist(), key=lambda r: r["auction"])
 
     same = current(roots["driver"]) == current(roots["spark"])

@@ -44,6 +44,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))  # for tests.kaf
 from common import (  # noqa: E402
     batch_seconds,
     batches,
+    delta_rows,
     env_info,
     human,
     jsonable,
@@ -164,10 +165,7 @@ def run_timed(spark: Any, project: Path) -> dict[str, Any]:
 
 def current(project: Path) -> list[tuple[int, int, int]]:
     """The table's current rows (k, n, s), sorted."""
-    from deltalake import DeltaTable
-
-    t = DeltaTable(str(project / "warehouse" / "_current" / TABLE)).to_pyarrow_table(
-        columns=["k", "n", "s"])
+    t = delta_rows(project / "warehouse" / "_current" / TABLE, ["k", "n", "s"])
     return sorted(zip(*(t[c].to_pylist() for c in ("k", "n", "s"))))
 
 

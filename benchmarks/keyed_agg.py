@@ -42,6 +42,7 @@ from common import (
     batch_jobs,
     batch_seconds,
     count_jobs,
+    delta_rows,
     env_info,
     finish,
     human,
@@ -184,7 +185,7 @@ def run_spark_merge(spark: Any, input_dir: Path, workdir: Path) -> dict[str, Any
     q = (_stream(spark, input_dir).writeStream.foreachBatch(upsert).outputMode("update")
          .trigger(availableNow=True).option("checkpointLocation", str(workdir / "ckpt")).start())
     q.awaitTermination()
-    final = DeltaTable(table_path).to_pyarrow_table(columns=["bids"])
+    final = delta_rows(table_path, ["bids"])
     return {"batch_s": _batch_times(q), "foreach_batch_mean_s": statistics.fmean(merge_s),
             "result_rows": final.num_rows, "result_bids": int(final["bids"].to_numpy().sum())}
 
@@ -204,12 +205,9 @@ def write_octo_project(input_dir: Path, workdir: Path) -> Path:
 def run_octo_contender(spark: Any, input_dir: Path, workdir: Path,
                        **options: Any) -> dict[str, Any]:
     """(c) octo: changelog-producing aggregation with Delta state, one batch per file."""
-    from deltalake import DeltaTable
-
     project = write_octo_project(input_dir, workdir)
     report = run_octo(spark, project, workdir / "warehouse", **options)
-    final = DeltaTable(str(workdir / "warehouse" / "_current" / "auction_stats"))
-    bids = final.to_pyarrow_table(columns=["bids"])
+    bids = delta_rows(workdir / "warehouse" / "_current" / "auction_stats", ["bids"])
     return {"batch_s": batch_seconds(report), "result_rows": bids.num_rows,
             "result_bids": int(bids["bids"].to_numpy().sum())}
 

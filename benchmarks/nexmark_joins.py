@@ -58,6 +58,7 @@ from common import (
     batch_seconds,
     batches,
     count_jobs,
+    delta_rows,
     env_info,
     human,
     jsonable,
@@ -210,10 +211,7 @@ def state_bytes(warehouse: Path, table: str) -> int:
 
 
 def octo_result(warehouse: Path, table: str, columns: list[str]) -> list[dict[str, Any]]:
-    from deltalake import DeltaTable
-
-    rows = DeltaTable(str(warehouse / "_current" / table)).to_pyarrow_table()
-    return rows.select(columns).to_pylist()
+    return delta_rows(warehouse / "_current" / table, columns).to_pylist()
 
 
 # -- baseline ---------------------------------------------------------------------------------

@@ -36,7 +36,8 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from common import Target, batch_seconds, env_info, finish, log, run_octo, session
+from common import Target, batch_seconds, delta_rows, env_info, finish, log, run_octo, \
+    session
 
 OCTOSQL_S = 14.0  # the thesis' best time for the simple query, as read from its plot
 DELAY_S = 5
@@ -110,11 +111,10 @@ def run_octo_windows(spark: Any, input_dir: Path, workdir: Path, per_batch: int,
 
 def check(spark: Any, input_dir: Path, workdir: Path, watermark: int) -> bool:
     """octo's rows == Spark's batch query over all rows, windows closed by ``watermark``."""
-    from deltalake import DeltaTable
     from pyspark.sql import functions as F
 
-    got = DeltaTable(str(workdir / "warehouse" / "_current" / "goals_per_minute"))
-    got = got.to_pyarrow_table(columns=["window_end", "team", "goals"]).to_pylist()
+    got = delta_rows(workdir / "warehouse" / "_current" / "goals_per_minute",
+                     ["window_end", "team", "goals"]).to_pylist()
     want = (spark.read.parquet(str(input_dir)).groupBy(F.window("ts", "1 minute"), "team")
             .count().filter(F.expr(f"unix_micros(window.end) <= {watermark}")).collect())
     norm = {(r["window_end"].replace(tzinfo=None), r["team"], r["goals"]) for r in got}
