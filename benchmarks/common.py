@@ -13,6 +13,7 @@ import json
 import math
 import os
 import platform
+import shutil
 import statistics
 import subprocess
 import sys
@@ -130,6 +131,26 @@ def run_octo(spark: Any, project: Path, warehouse: Path, names: list[str] | None
     if names is not None:
         opts["names"] = names
     return run_tables(spark, project, options=options, **opts)
+
+
+def generated(out_dir: Path, params: dict[str, Any]) -> bool:
+    """Whether ``out_dir`` holds input generated with ``params`` (its marker, beside the
+    directory, says so); if not, ``out_dir`` is made empty for the generator, which calls
+    ``mark_generated`` once it has written everything."""
+    marker = _marker(out_dir)
+    if marker.exists() and json.loads(marker.read_text()) == params:
+        return True
+    shutil.rmtree(out_dir, ignore_errors=True)
+    out_dir.mkdir(parents=True)
+    return False
+
+
+def mark_generated(out_dir: Path, params: dict[str, Any]) -> None:
+    _marker(out_dir).write_text(json.dumps(params))
+
+
+def _marker(out_dir: Path) -> Path:
+    return out_dir.with_name(out_dir.name + ".params.json")  # outside the dir readers scan
 
 
 def delta_rows(path: str | Path, columns: list[str] | None = None) -> Any:

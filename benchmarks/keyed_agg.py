@@ -45,8 +45,10 @@ from common import (
     delta_rows,
     env_info,
     finish,
+    generated,
     human,
     log,
+    mark_generated,
     run_octo,
     session,
 )
@@ -64,11 +66,8 @@ CHANNELS = ["apple", "google", "facebook", "baidu", "other"]
 def generate_bids(out_dir: Path, bids: int, auctions: int, files: int, seed: int = 42) -> Path:
     """Write `files` equal-sized parquet files of seeded bids; reuse them if parameters match."""
     params = {"bids": bids, "auctions": auctions, "files": files, "seed": seed, "version": 1}
-    marker = out_dir.with_name(out_dir.name + ".params.json")  # outside the dir readers scan
-    if marker.exists() and json.loads(marker.read_text()) == params:
+    if generated(out_dir, params):
         return out_dir
-    shutil.rmtree(out_dir, ignore_errors=True)
-    out_dir.mkdir(parents=True)
     rng = np.random.default_rng(seed)
     # Mild skew (density ~ id^(-1/3)): the lowest 1% of ids get ~4.6% of bids; ~all ids appear.
     auction = (rng.random(bids) ** 1.5 * auctions).astype(np.int64) + 1000
@@ -88,7 +87,7 @@ def generate_bids(out_dir: Path, bids: int, auctions: int, files: int, seed: int
             "date_time": pa.array(date_time[lo:hi], pa.timestamp("us", tz="UTC")),
         })
         pq.write_table(table, out_dir / f"part-{i:05d}.parquet")
-    marker.write_text(json.dumps(params))
+    mark_generated(out_dir, params)
     return out_dir
 
 
@@ -97,11 +96,8 @@ def generate_primed(out_dir: Path, keys: int, batch: int, batches: int, seed: in
     in the state), then ``batches`` files of ``batch`` bids on uniformly drawn auctions of
     those keys; reused while the parameters match."""
     params = {"keys": keys, "batch": batch, "batches": batches, "seed": seed, "version": 1}
-    marker = out_dir.with_name(out_dir.name + ".params.json")
-    if marker.exists() and json.loads(marker.read_text()) == params:
+    if generated(out_dir, params):
         return out_dir
-    shutil.rmtree(out_dir, ignore_errors=True)
-    out_dir.mkdir(parents=True)
     rng = np.random.default_rng(seed)
     sizes = [keys] + [batch] * batches
     for i, n in enumerate(sizes):
@@ -114,7 +110,7 @@ def generate_primed(out_dir: Path, keys: int, batch: int, batches: int, seed: in
             "date_time": pa.array(np.full(n, 1_700_000_000_000_000 + i), pa.timestamp("us",
                                                                                     tz="UTC")),
         }), out_dir / f"part-{i:05d}.parquet")
-    marker.write_text(json.dumps(params))
+    mark_generated(out_dir, params)
     return out_dir
 
 

@@ -36,8 +36,8 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from common import Target, batch_seconds, delta_rows, env_info, finish, log, run_octo, \
-    session
+from common import Target, batch_seconds, delta_rows, env_info, finish, generated, log, \
+    mark_generated, run_octo, session
 
 OCTOSQL_S = 14.0  # the thesis' best time for the simple query, as read from its plot
 DELAY_S = 5
@@ -48,11 +48,8 @@ def generate(out_dir: Path, goals: int, teams: int, files: int, minutes: int,
              seed: int = 11) -> Path:
     """``files`` parquet files of goal events ``(team, player, ts)``; reused if unchanged."""
     params = {"goals": goals, "teams": teams, "files": files, "minutes": minutes, "seed": seed}
-    marker = out_dir.with_name(out_dir.name + ".params.json")
-    if marker.exists() and json.loads(marker.read_text()) == params:
+    if generated(out_dir, params):
         return out_dir
-    shutil.rmtree(out_dir, ignore_errors=True)
-    out_dir.mkdir(parents=True)
     rng = np.random.default_rng(seed)
     base = np.sort(rng.integers(0, minutes * 60_000_000, goals, dtype=np.int64))
     ts = T0_US + base + rng.integers(-2_000_000, 1, goals, dtype=np.int64)  # some disorder
@@ -65,7 +62,7 @@ def generate(out_dir: Path, goals: int, teams: int, files: int, minutes: int,
             "team": team[lo:hi], "player": player[lo:hi],
             "ts": pa.array(ts[lo:hi], pa.timestamp("us", tz="UTC"))}),
             out_dir / f"part-{i:05d}.parquet")
-    marker.write_text(json.dumps(params))
+    mark_generated(out_dir, params)
     return out_dir
 
 
