@@ -13,10 +13,9 @@ All contenders read the same parquet file stream (one micro-batch per file) in o
 Session startup and a warm-up of every variant on a small separate input (100K bids) are
 excluded from the timings. Then one 100K-event batch is timed with 100K and with 2M keys
 already in octo's state (the median of 7 runs, each on a copy of the primed warehouse),
-and native against octo's Spark path at 2M keys (a priming batch of every key, then 5
-batches of 100K bids),
-and again with its 100K events on as many distinct keys (the change held equal), and the
-Spark jobs of a one-batch octo run are counted. Prints the
+and again with its 100K events on as many distinct keys (the change held equal); Spark
+native is compared with octo's Spark path at 2M keys (a priming batch of every key, then 5
+batches of 100K bids); and the Spark jobs of a one-batch octo run are counted. Prints the
 issue 9 rows it covers (see benchmarks/README.md); ``benchmarks/bench.py`` runs it with the
 other benchmarks in one session.
 """
