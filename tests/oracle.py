@@ -305,6 +305,11 @@ def write_lines(directory: Path, name: str, lines: list[str]) -> Path:
     return final
 
 
+def _json(value: Any) -> str:
+    """A record as JSON; decimals as JSON numbers (exact: their text)."""
+    return json.dumps(value, default=lambda d: float(d) if isinstance(d, Decimal) else d)
+
+
 @dataclass
 class RandomInput:
     """Random rows ``(id, k, g, v, d)`` as appends or as a consistent Debezium feed."""
@@ -334,23 +339,23 @@ class RandomInput:
             if not self.debezium:
                 row = self.row()
                 self.appended.append(row)
-                out.append(json.dumps(row))
+                out.append(_json(row))
                 continue
             op = self.rng.choice("ccuud") if self.rows else "c"
             if op == "c":
                 row = self.row()
                 self.rows[row["id"]] = row
-                out.append(json.dumps({"before": None, "after": row, "op": "c"}))
+                out.append(_json({"before": None, "after": row, "op": "c"}))
             elif op == "u":
                 rid = self.rng.choice(sorted(self.rows))
                 old = self.rows[rid]
                 new = {**self.row(), "id": rid}
                 self.rows[rid] = new
                 event = {"before": old, "after": new, "op": "u"}
-                out.append(json.dumps({"payload": event} if self.rng.random() < 0.3 else event))
+                out.append(_json({"payload": event} if self.rng.random() < 0.3 else event))
             else:
                 rid = self.rng.choice(sorted(self.rows))
-                out.append(json.dumps({"before": self.rows.pop(rid), "after": None, "op": "d"}))
+                out.append(_json({"before": self.rows.pop(rid), "after": None, "op": "d"}))
         bad_lines = ['{"id": 1, "k": "not a number"}', "{oops"]
         if self.debezium:
             bad_lines.append('{"before": null, "after": null, "op": "u"}')

@@ -211,10 +211,10 @@ def _state_ttl(catalog: Catalog, stmt: TableStmt, plan: Node) -> Node:
     final = agg if isinstance(agg, Aggregate) else None
     has_join = any(isinstance(n, Join) for n in _walk(below))
     usable = forgettable(below) and (final is not None or has_join) and (
-        final is None or bool(final.keys) and not any(a.distinct for a in final.aggs))
+        final is None or bool(final.keys))
     if not usable:
-        raise SqlError(f"{what} applies to the state of a GROUP BY (without COUNT(DISTINCT)) "
-                       "at the end of the query and of inner joins, over append-only input: "
+        raise SqlError(f"{what} applies to the state of a GROUP BY at the end of the query "
+                       "and of inner joins, over append-only input: "
                        "no outer joins, SESSION windows, top-N or other GROUP BYs below (the "
                        "state it can forget safely in this version)", at)
     scans = [n for n in _walk(below) if isinstance(n, Scan)]

@@ -108,8 +108,9 @@ class Aggregate:
             ctx.spark, files, shape.state_schema, names, full=full,
             alive=self.kept(alive)), names)
         d = dagg
+        groups = None if self.expired() is None else old  # a forgotten group's values too
         for i in shape.ms_schemas:
-            result = self.multiset(i, delta, shape.ms_schemas[i])
+            result = self.multiset(i, delta, shape.ms_schemas[i], groups)
             on = " AND ".join(f"d.{k} <=> r.{k}" for k in self.keys) or "true"
             d = (d.alias("d").join(result.alias("r"), sql_expr(on), "left")
                  .selectExpr("d.*", f"r.r{i} AS r{i}"))
@@ -130,11 +131,13 @@ class Aggregate:
         """With ``state_ttl``: the last batch whose state rows are expired."""
         return self.ctx.expired_through if self.node.ttl_us else None
 
-    def kept(self, alive: str | None) -> str | None:
+    def kept(self, alive: str | None, expires: bool = True) -> str | None:
         """What a full compaction keeps: live groups; of a windowed aggregate only those of
         windows still open (a closed window's group is never touched again); with
-        ``state_ttl`` only those not expired."""
-        node, mark, cut = self.node, self.ctx.watermark, self.expired()
+        ``state_ttl`` (and ``expires``: rows of the groups' own table) only those not
+        expired."""
+        node, mark = self.node, self.ctx.watermark
+        cut = self.expired() if expires else None
         conditions = [f"({alive})"] if alive else []
         if node.closes is not None and mark is not None:
             conditions.append(f"NOT ({node.closed_sql(mark)})")
@@ -184,9 +187,11 @@ class Aggregate:
             exprs += [f"o.{name} AS o{name}", f"{new} AS n{name}"]
         return exprs
 
-    def multiset(self, i: int, delta: DataFrame, schema: Any) -> DataFrame:
+    def multiset(self, i: int, delta: DataFrame, schema: Any,
+                 groups: DataFrame | None = None) -> DataFrame:
         """Update the (keys, value) -> count log of aggregate ``i``; per-group result over
-        every value of the groups the batch touched."""
+        every value of the groups the batch touched. ``groups``: the live state rows of
+        those groups where ``state_ttl`` forgets some (the others' values are left out)."""
         node, ctx = self.node, self.ctx
         a = node.aggs[i]
         table = node.multiset_table(i)
@@ -198,8 +203,14 @@ class Aggregate:
         # Every value of every group the batch touches (also groups whose Δ values are NULL).
         old = latest(ctx.spark, ctx.state_log(table), schema, names,
                      wanted=delta.select(*self.keys) if self.keys else None, alive="cnt != 0")
+        stale = None
+        if groups is not None:  # the values of forgotten groups: tombstoned where touched
+            on = " AND ".join(f"o.{k} <=> g.{k}" for k in self.keys)
+            stale = old.alias("o").join(groups.alias("g"), sql_expr(on), "left_anti")
+            old = old.alias("o").join(groups.alias("g"), sql_expr(on), "left_semi")
+        # (a compaction keeps a forgotten group's values: the group's rows tell which)
         ctx.compact(table, lambda files, full: merge_keyed(
-            ctx.spark, files, schema, names, full=full, alive=self.kept("cnt != 0")),
+            ctx.spark, files, schema, names, full=full, alive=self.kept("cnt != 0", False)),
             list(node.keys))
         on = " AND ".join(f"o.{c} <=> d.{c}" for c in [*self.keys, "v"])
         merged = ctx.checkpoint(old.alias("o").join(dv.alias("d"), sql_expr(on), "full_outer")
@@ -207,8 +218,14 @@ class Aggregate:
                                               for c in [*self.keys, "v"]],
                                             "coalesce(o.cnt, 0) + coalesce(d.dcnt, 0) AS cnt",
                                             "d.dcnt IS NOT NULL AS _changed"))
-        ctx.append_log(table, merged.filter("_changed").selectExpr(
-            *self.keys, "v", "cnt", f"CAST({ctx.batch} AS BIGINT) AS {BATCH}"), list(node.keys))
+        changed = merged.filter("_changed").selectExpr(*self.keys, "v", "cnt")
+        if stale is not None:
+            same = " AND ".join(f"s.{c} <=> d.{c}" for c in [*self.keys, "v"])
+            changed = changed.unionByName(stale.alias("s").join(dv.alias("d"), sql_expr(same),
+                                                                "left_anti")
+                                          .selectExpr(*self.keys, "v", "0L AS cnt"))
+        ctx.append_log(table, changed.selectExpr(
+            "*", f"CAST({ctx.batch} AS BIGINT) AS {BATCH}"), list(node.keys))
         fn = "count" if a.func == "count" else a.func
         return merged.filter("cnt > 0").groupBy(*self.keys).agg(sql_expr(f"{fn}(v) AS r{i}"))
 

@@ -9,6 +9,7 @@ them); its Spark SQL computes the output rows from them.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from decimal import ROUND_HALF_UP, Decimal, localcontext
 from typing import Any, Callable
 
 import numpy as np
@@ -17,7 +18,8 @@ import pyarrow.compute as pc
 
 from octo_platform.columns import COUNT, WEIGHT
 from octo_platform.local_frames import arrow_schema
-from octo_platform.runtime.operators.arrow import concat, key_join, primitive, safe_keys
+from octo_platform.runtime.operators.arrow import concat, key_join, primitive, safe_keys, \
+    zero_of
 from octo_platform.runtime.operators.keyed_rows import same_values
 from octo_platform.runtime.state_log import BATCH, StateFile, generation
 
@@ -50,6 +52,7 @@ class AggregateStep:
     state: pa.Schema
     ms: dict[int, pa.Schema]
     batch: int
+    out: pa.Schema  # the output rows: the GROUP BY's columns and ``_w``
     closes: tuple[str, int] | None = None  # ``PAggregate.closes``: (window key, offset µs)
 
     @property
@@ -60,17 +63,41 @@ class AggregateStep:
     def ms_logged(self, i: int) -> pa.Schema:
         return self.ms[i].append(pa.field(BATCH, pa.int64()))
 
+    @property
+    def accumulated(self) -> pa.Schema:
+        """The schema of ``accumulators``' tables: the keys, then each accumulator's old
+        (``o``) and new (``n``) value, then ``_touched``."""
+        fields = list(self.state)
+        keys = len(self.keys)
+        out = [*fields[:keys], pa.field(f"o{COUNT}", pa.int64()),
+               pa.field(f"n{COUNT}", pa.int64())]
+        for f in fields[keys + 1:]:
+            out += [pa.field(f"o{f.name}", f.type), pa.field(f"n{f.name}", f.type)]
+        return pa.schema([*out, pa.field("_touched", pa.bool_())])
+
+    def output(self, table: pa.Table) -> pa.Table:
+        """The output Δ of the accumulators ``table`` (``arrow_output``)."""
+        got = arrow_output(self.keys, self.aggs, table, self.out)
+        assert got is not None, "aggregate_step covers only what arrow_output computes"
+        return got
+
     def run(self, delta: pa.Table, before: pa.Table, ms_before: dict[int, pa.Table],
-            keep_after: bool = True) -> Stepped:
+            keep_after: bool = True, forgets: bool = False) -> Stepped:
         """``delta``: the batch's rows (keys, aggregate arguments, ``_w``); ``before``: the
         live state rows (``logged``) of at least the groups it touches; ``ms_before``: the
         same of each multiset. ``keep_after=False``: the state's rows afterwards are not
-        wanted (``Stepped.after`` is None)."""
+        wanted (``Stepped.after`` is None). ``forgets`` (``state_ttl``): ``before`` lacks
+        the groups whose state expired, and their values are forgotten with them: left out,
+        and, for the groups the batch starts afresh, tombstoned in the multiset's log."""
         keys = list(self.keys)
         d = self.delta_groups(delta)
         ms = {}
         for i in self.ms:
-            d, ms[i] = self.with_multiset(d, i, delta, ms_before[i])
+            values, stale = ms_before[i], None
+            if forgets:
+                values, stale = self.of_groups(values, before), \
+                    self.of_groups(values, before, "left anti")
+            d, ms[i] = self.with_multiset(d, i, delta, values, stale)
         dk, dcols = safe_keys(_prefixed(d, "d."), [f"d.{k}" for k in keys], "_d")
         ok, ocols = safe_keys(_prefixed(before, "o."), [f"o.{k}" for k in keys], "_o")
         ok = ok.append_column(_ROW, pa.array(np.arange(ok.num_rows, dtype=np.int64)))
@@ -90,6 +117,17 @@ class AggregateStep:
         kept = before.filter(pa.array(~hit))
         live = changes.filter(pc.not_equal(changes[COUNT], 0))
         return Stepped(table, changes, concat([kept, live], self.logged), ms)
+
+    def of_groups(self, rows: pa.Table, groups: pa.Table, how: str = "left semi"
+                  ) -> pa.Table:
+        """``rows`` (of a multiset) of the groups that have a row in ``groups`` (``how``
+        ``left anti``: that have none)."""
+        keys = list(self.keys)
+        if not keys:
+            return rows if bool(groups.num_rows) == (how == "left semi") else rows.slice(0, 0)
+        mine, mcols = safe_keys(rows, keys, "_m")
+        live, lcols = safe_keys(groups.select(keys), keys, "_g")
+        return key_join(mine, live.select(lcols), mcols, lcols, how).select(rows.column_names)
 
     def open_rows(self, rows: pa.Table, mark: int | None) -> pa.Table:
         """``rows`` (of the state or a multiset) whose window the watermark ``mark`` has not
@@ -159,7 +197,11 @@ class AggregateStep:
                 aggs.append((f"dc{i}", "sum"))
             if a.strategy == "sum":
                 t = self.state.field(f"s{i}").type
-                cols[f"ds{i}"] = pc.multiply(x.cast(t), w.cast(t))
+                if pa.types.is_decimal(t):  # exact, wide enough for any weight
+                    cols[f"ds{i}"] = pc.multiply(x.cast(pa.decimal256(t.precision, t.scale)),
+                                                 w.cast(pa.decimal256(19, 0)))
+                else:
+                    cols[f"ds{i}"] = pc.multiply(x.cast(t), w.cast(t))
                 aggs.append((f"ds{i}", "sum"))
             elif a.strategy == "running":
                 cols[f"dm{i}"] = x
@@ -167,10 +209,13 @@ class AggregateStep:
         grouped = pa.table(cols).group_by(list(self.keys), use_threads=False).aggregate(aggs)
         return grouped.rename_columns([unsuffix(c, aggs) for c in grouped.column_names])
 
-    def with_multiset(self, d: pa.Table, i: int, delta: pa.Table, before: pa.Table
+    def with_multiset(self, d: pa.Table, i: int, delta: pa.Table, before: pa.Table,
+                      stale: pa.Table | None = None
                       ) -> tuple[pa.Table, tuple[pa.Table, pa.Table]]:
         """Aggregate ``i``'s (keys, value) -> count state updated; ``d`` gains ``r<i>``: the
-        result over every value of each group the batch touched."""
+        result over every value of each group the batch touched. ``stale``: values of
+        forgotten groups (``run``'s ``forgets``), tombstoned where the batch touches their
+        group."""
         keys, a = list(self.keys), self.aggs[i]
         names = [*keys, "v"]
         x = delta[a.arg]
@@ -185,6 +230,13 @@ class AggregateStep:
         changed = pa.table({**{c: pc.coalesce(both[f"d.{c}"], both[f"o.{c}"]) for c in names},
                             "cnt": cnt})
         changed = with_batch_column(changed, self.batch).cast(self.ms_logged(i))
+        if stale is not None and stale.num_rows:
+            gone = self.of_groups(stale, delta)
+            gk, gcols = safe_keys(gone, names, "_s")
+            ck, ccols = safe_keys(changed.select(names), names, "_c")
+            gone = key_join(gk, ck.select(ccols), gcols, ccols, "left anti").select(names)
+            gone = gone.append_column("cnt", pa.repeat(pa.scalar(0, pa.int64()), gone.num_rows))
+            changed = concat([changed, with_batch_column(gone, self.batch)], self.ms_logged(i))
         kept = key_join(ok, dk.select(dcols), ocols, dcols, "left anti").select(
             [f"o.{c}" for c in before.column_names]).rename_columns(before.column_names)
         after = concat([kept, changed.filter(pc.not_equal(changed["cnt"], 0))],
@@ -218,9 +270,7 @@ class AggregateStep:
             i, t = int(f[1:]), state.field(f).type
             a, old = self.aggs[i], both[f"o.{f}"]
             if f[0] in "cs":
-                zero = pa.scalar(0, t) if not pa.types.is_floating(t) else pa.scalar(0.0, t)
-                new = pc.add(pc.fill_null(old, zero), pc.fill_null(both[f"d.d{f}"].cast(t),
-                                                                    zero)).cast(t)
+                new = _plus(old, both[f"d.d{f}"], t)
             elif a.strategy == "running":
                 new = _extreme(a.func, old, both[f"d.d{f}"].cast(t))
             else:
@@ -234,31 +284,30 @@ class AggregateStep:
 def aggregate_step(node: Any, shape: Any, batch: int) -> AggregateStep | None:
     """The step of GROUP BY ``node`` (a ``PAggregate``) in batch ``batch``, for the state
     ``shape`` its Spark operator derived (``Aggregate.shape``); None when the kernel does not
-    cover it: SUM/AVG of decimals (Arrow's decimal arithmetic differs from Spark's) or keys
-    and values Arrow cannot group."""
+    cover it: keys and values Arrow cannot group."""
     state = arrow_schema(shape.state_schema)
     ms = {i: arrow_schema(s) for i, s in shape.ms_schemas.items()}
-    if any(pa.types.is_decimal(state.field(f).type) for f in state.names[len(node.keys) + 1:]
-           if f[0] == "s"):
-        return None
     if not all(primitive(f.type) for t in (state, *ms.values()) for f in t):
         return None
-    return AggregateStep(tuple(node.keys), tuple(node.aggs), state, ms, batch, node.closes)
+    out = arrow_schema(shape.out_schema).append(pa.field(WEIGHT, pa.int64()))
+    step = AggregateStep(tuple(node.keys), tuple(node.aggs), state, ms, batch, out,
+                         node.closes)
+    if arrow_output(step.keys, step.aggs, step.accumulated.empty_table(), out) is None:
+        return None  # a result of a type the kernel does not compute
+    return step
 
 
 def newest(keys: list[str]) -> Callable[[pa.Table], pa.Table]:
     """A keyed log's merge: the newest row (by ``_batch``) of each key, tombstones (count
-    0) kept, as ``state_log.merge_keyed`` with ``full=False``."""
+    0) kept, as ``state_log.merge_keyed`` with ``full=False``. The rows are picked by
+    position (the first of each key after sorting by batch), so any value type goes."""
     def merge(rows: pa.Table) -> pa.Table:
+        rows = rows.sort_by([(BATCH, "descending")])
         if not keys:
-            return rows.sort_by([(BATCH, "descending")]).slice(0, 1)
-        others = [c for c in rows.column_names if c not in keys]
-        whole = pc.ScalarAggregateOptions(skip_nulls=False)  # the newest row's NULLs too
-        latest = rows.sort_by([(BATCH, "descending")]).group_by(
-            keys, use_threads=False).aggregate([(c, "first", whole) for c in others])
-        return latest.rename_columns([unsuffix(c, [(o, "first") for o in others])
-                                      for c in latest.column_names]).select(
-            rows.column_names).cast(rows.schema)
+            return rows.slice(0, 1)
+        at = rows.select(keys).append_column(_ROW, pa.array(np.arange(rows.num_rows)))
+        first = at.group_by(keys, use_threads=False).aggregate([(_ROW, "min")])
+        return rows.take(first[f"{_ROW}_min"])
     return merge
 
 
@@ -282,6 +331,18 @@ def with_batch_column(table: pa.Table, batch: int) -> pa.Table:
 
 def _prefixed(table: pa.Table, prefix: str) -> pa.Table:
     return table.rename_columns([prefix + c for c in table.column_names])
+
+
+def _plus(old: pa.ChunkedArray, change: pa.ChunkedArray, t: pa.DataType) -> pa.ChunkedArray:
+    """A sum or count accumulator ``old`` plus the batch's ``change`` (NULL as 0), as
+    ``t``: decimals added exactly (in 256 bits), a result beyond ``t``'s precision an
+    error."""
+    zero = zero_of(t)
+    old, change = pc.fill_null(old, zero), pc.fill_null(change.cast(t), zero)
+    if pa.types.is_decimal(t):
+        wide = pa.decimal256(t.precision, t.scale)
+        old, change = old.cast(wide), change.cast(wide)
+    return pc.add(old, change).cast(t)
 
 
 def _extreme(func: str, a: pa.ChunkedArray, b: pa.ChunkedArray) -> pa.ChunkedArray:
@@ -359,15 +420,34 @@ def _values(keys: list[str], aggs: tuple[Any, ...], table: pa.Table, out: pa.Sch
         elif a.strategy == "sum":
             total, count = table[f"{side}s{i}"], table[f"{side}c{i}"]
             if a.func != "sum":
-                if not (pa.types.is_integer(total.type) or pa.types.is_floating(total.type)):
+                t = out.field(len(got)).type
+                if pa.types.is_decimal(total.type) and pa.types.is_decimal(t):
+                    total = _decimal_mean(total, count, t)
+                elif pa.types.is_integer(total.type) or pa.types.is_floating(total.type):
+                    total = pc.divide(total.cast(pa.float64()), count.cast(pa.float64()))
+                else:
                     return None
-                total = pc.divide(total.cast(pa.float64()), count.cast(pa.float64()))
             got.append(pc.if_else(pc.greater(count, 0), total, pa.scalar(None, total.type)))
         else:  # running or multiset: the value itself
             got.append(table[f"{side}m{i}"])
     if any(v.type != f.type for v, f in zip(got, out)):
         return None
     return got
+
+
+def _decimal_mean(total: pa.ChunkedArray, count: pa.ChunkedArray, t: pa.DataType
+                  ) -> pa.Array:
+    """Spark's AVG of decimals from their sum and count, as ``t`` (its result type): the
+    quotient rounded half up to 38 places (Spark's ``Decimal./``), then to ``t``'s scale
+    (``DecimalDivideWithOverflowCheck``); NULL for a count of 0."""
+    places, step = Decimal(1).scaleb(-38), Decimal(1).scaleb(-t.scale)
+    values = []
+    with localcontext() as c:
+        c.prec = 160
+        for s, n in zip(total.to_pylist(), count.to_pylist()):
+            values.append(None if s is None or not n else (s / n).quantize(
+                places, ROUND_HALF_UP).quantize(step, ROUND_HALF_UP))
+    return pa.array(values, t)
 
 
 def _results(keys: list[str] | tuple[str, ...], aggs: tuple[Any, ...], table: pa.Table,

@@ -2,10 +2,10 @@
 
 The batch's rows are shuffled once, by the bucket of their group key, and each bucket's
 task reads that bucket's state log files (and nothing else), runs the step, writes each
-state table's new rows of the bucket as a file, and returns, as one tagged frame: the old and
-new accumulators of the groups it touched, and the files it wrote (``tasks``). Spark SQL then
-turns the accumulators into output rows (the operator's own expressions, as on the driver
-path), and the batch's write job commits the files. Where the GROUP BY's rows are the
+state table's new rows of the bucket as a file, and returns, as one tagged frame: the output
+Δ of the groups it touched (from their old and new accumulators, ``arrow_output``, as on the
+driver path) and the files it wrote (``tasks``); the batch's write job commits the files.
+Where the GROUP BY's rows are the
 table's (``_sink``), each task turns its accumulators into change events itself
 (``arrow_changes``: a group's old and new row are its event's images) and writes the table's
 changelog and its current-state bucket too (``colocated.TableWriter``; the bucket from the
@@ -23,10 +23,10 @@ closes, touched or not (a row of weight 0 visits every bucket when the watermark
 
 Without a key, the one group lives in bucket 0 (visited in the first batch, so that its
 row comes out even over no input rows). With ``state_ttl`` a task reads no expired group's
-row (the group starts afresh) and a compaction keeps none.
+row nor its values (the group starts afresh) and a compaction keeps none.
 
-Covered: GROUP BY of types Arrow groups (``aggregate_step``), but value multisets with
-``state_ttl``; those run as ``aggregate.Aggregate``'s Spark operators.
+Covered: GROUP BY of types Arrow groups (``aggregate_step``); others (nested types) run as
+``aggregate.Aggregate``'s Spark operators.
 """
 from __future__ import annotations
 
@@ -45,7 +45,6 @@ from octo_platform.runtime.operators.aggregate_kernel import (
     AggregateStep,
     aggregate_step,
     arrow_changes,
-    arrow_output,
     arrow_rows,
     live_rows,
 )
@@ -80,15 +79,17 @@ _SINK = -1  # the part of the tasks' rows that are the table's files (``_sink``)
 def run_aggregate(node: PAggregate, ctx: BatchContext, delta: DataFrame) -> DataFrame:
     """The output Δ of GROUP BY ``node``: by its kernel in Spark tasks where it covers the
     node, else by the Spark operator."""
+    from pyspark.sql.types import LongType, StructField, StructType
+
     op = Aggregate(node, ctx)
     shape = op.shape(delta)
     step = aggregate_step(node, shape, ctx.batch)
-    if step is None or (node.ttl_us and shape.ms_schemas):
+    if step is None:
         return op.run(delta)
     tables = [node.id, *[node.multiset_table(i) for i in step.ms]]
-    sink = _sink(node, ctx, shape, step)
-    schema = tagged_schema(_accumulators(shape, len(node.keys)),
-                           None if sink is None else {"w": sink[1]})
+    sink = _sink(node, ctx, step)
+    out = StructType([*shape.out_schema.fields, StructField(WEIGHT, LongType())])
+    schema = tagged_schema(out, None if sink is None else {"w": sink[1]})
     args = list(dict.fromkeys([*node.keys, *[a.arg for a in node.aggs if a.arg]]))
     logs, due = bucket_logs(ctx, tables)
     files = log_files(ctx, tables, [with_batch(s) for s in [shape.state_schema,
@@ -109,32 +110,23 @@ def run_aggregate(node: PAggregate, ctx: BatchContext, delta: DataFrame) -> Data
                                                          schema))
     if sink is not None:  # the tasks wrote the table: no output Δ to compute here
         ctx.sunk = (out.filter(f"{PART} = {_SINK}").selectExpr("w.*"), sink[0].writer)
-        return stage_logs(ctx, out, tables, due, files)
-    # Checkpointed as plain columns: the output's SQL over struct fields made Spark's optimizer
-    # inline them into every expression (planning ran out of memory for ten aggregates).
-    accs = ctx.checkpoint(stage_logs(ctx, out, tables, due, files))
-    return op.rows(accs, shape, "n") if node.emit_on_close else op.output(accs, shape)
+    return stage_logs(ctx, out, tables, due, files)
 
 
-def _sink(node: PAggregate, ctx: BatchContext, shape: Any, step: AggregateStep
+def _sink(node: PAggregate, ctx: BatchContext, step: AggregateStep
           ) -> tuple[Any, Any] | None:
     """Where the GROUP BY's rows are the table's (up to renames: ``BatchContext.sink``), its
     tasks write the table's changelog and current state themselves (``colocated``), each
-    from the output rows of its bucket's groups (``arrow_output``), when: the groups have
+    from the output rows of its bucket's groups (``arrow_changes``), when: the groups have
     keys, they are the table's primary key in their order and types (a group's
-    current-state bucket is then its own: ``arrow_output`` keeps the types), and no window
-    emits on close. What the tasks need (``_Sunk``) and the Spark type of the rows its
-    writer returns; else None."""
+    current-state bucket is then its own), and no window emits on close. What the tasks
+    need (``_Sunk``) and the Spark type of the rows its writer returns; else None."""
     sink = ctx.sink
     if sink is None or sink.node is not node or not node.keys or node.emit_on_close:
         return None
-    out = arrow_schema(shape.out_schema)
-    mine = pa.schema([pa.field(c, f.type) for c, f in zip(node.columns, out)]).append(
-        pa.field(WEIGHT, pa.int64()))
+    mine = step.out
     pk = [sink.columns[sink.names.index(k)] for k in sink.pk or ()]
-    accs = arrow_schema(_accumulators(shape, len(node.keys))).empty_table()
-    if pk != list(node.columns[:len(node.keys)]) or \
-            arrow_output(step.keys, step.aggs, accs, mine) is None:
+    if pk != list(node.columns[:len(node.keys)]):
         return None
     writer = sink.writer(pa.schema([pa.field(n, mine.field(c).type) for n, c in zip(
         sink.names, sink.columns)]).append(pa.field(WEIGHT, pa.int64())))
@@ -168,18 +160,6 @@ class _Sunk:
             None if rows is None else pa.table([rows[c] for c in self.picked[:-1]], names=names)
             for rows in (before, after, current))
         return self.writer.write_changes(before, after, no_before, no_after, bucket, current)
-
-
-def _accumulators(shape: Any, keys: int) -> Any:
-    """The Spark schema of ``AggregateStep.accumulators``' table (``keys``: how many)."""
-    from pyspark.sql.types import BooleanType, LongType, StructField, StructType
-
-    fields = shape.state_schema.fields
-    out = [*fields[:keys], StructField(f"o{COUNT}", LongType()),
-           StructField(f"n{COUNT}", LongType())]
-    for f in fields[keys + 1:]:
-        out += [StructField(f"o{f.name}", f.dataType), StructField(f"n{f.name}", f.dataType)]
-    return StructType([*out, StructField("_touched", BooleanType())])
 
 
 @dataclass(frozen=True)
@@ -219,25 +199,32 @@ class _BucketTask:
             if before is None:
                 before = live_rows(read_bucket(self.reader, path, mine, logged), mine, names,
                                    alive)
-            if self.cut is not None:  # an expired group starts afresh
+            if self.cut is not None and j == 0:  # an expired group starts afresh
                 before = before.filter(pc.greater(before[BATCH], self.cut))
             befores.append(before)
             files.append(mine)
         done = step.run(delta, befores[0], {i: b for i, b in zip(step.ms, befores[1:])},
-                        keep_after=keep)
+                        keep_after=keep, forgets=self.cut is not None)
         accs = step.closing(done.table, befores[0], *self.marks) if self.emit else done.table
         if self.sink is None:
-            parts = [(0, "o", accs)]
+            parts = [(0, "o", step.output(accs))]
         else:  # the table's files, of this bucket's groups' output rows
             parts = [(_SINK, "w", self.sink.write(accs, step, bucket, done.after))]
         changed = [done.changes, *[c for c, _ in done.ms.values()]]
         for j, (changes, before, mine) in enumerate(zip(changed, befores, files)):
             due = bucket in self.due[j]
             mine_parts = log_parts(j, self.files[j], bucket, changes, mine, due,
-                                   lambda b=before: step.open_rows(b, self.marks[1]))
+                                   lambda b=before, j=j: self.kept(b, j, befores[0]))
             if keep and mine_parts:  # the files the commit leaves the bucket, and their rows
                 wrote = [p for _, _, t in mine_parts for p in t.column("path").to_pylist()]
                 kept = [] if due or not mine else [f["path"] for f in mine]
                 bucket_cache.keep(self.tables[j][0], bucket, kept + wrote, done.after)
             parts += mine_parts
         return tagged(self.out, parts, bucket)
+
+    def kept(self, rows: pa.Table, j: int, groups: pa.Table) -> pa.Table:
+        """What a compaction of state table ``j``'s bucket keeps of its live ``rows``: those
+        of open windows; of a multiset, with ``state_ttl``, only the values of ``groups``
+        (the live state rows)."""
+        rows = self.step.open_rows(rows, self.marks[1])
+        return self.step.of_groups(rows, groups) if j and self.cut is not None else rows

@@ -21,7 +21,7 @@ if TYPE_CHECKING:
 
 __all__ = ["DRIVER_BYTES", "spark_eval", "safe_keys", "key_join", "concat", "read_parquet",
            "primitive", "local_path", "normal_floats", "value_bytes", "sort_indices",
-           "run_starts"]
+           "run_starts", "zero_of"]
 
 # Whatever its rows, a batch whose input is larger than this runs on the Spark path: the
 # driver holds the batch (and takes back what Spark computes over it, within
@@ -68,7 +68,8 @@ def normal_floats(table: pa.Table) -> pa.Table:
     return table
 
 
-def _zero(t: pa.DataType) -> pa.Scalar:
+def zero_of(t: pa.DataType) -> pa.Scalar:
+    """The zero (or empty) value of type ``t``."""
     if pa.types.is_string(t) or pa.types.is_large_string(t):
         return pa.scalar("", t)
     if pa.types.is_binary(t):
@@ -93,7 +94,7 @@ def safe_keys(table: pa.Table, keys: list[str], prefix: str) -> tuple[pa.Table, 
             col = col.cast(pa.int64())
         flag, filled = f"{prefix}z{i}", f"{prefix}k{i}"
         table = table.append_column(flag, pc.cast(pc.is_null(col), pa.int8()))
-        table = table.append_column(filled, pc.fill_null(col, _zero(col.type)))
+        table = table.append_column(filled, pc.fill_null(col, zero_of(col.type)))
         cols += [flag, filled]
     if not keys:  # a global aggregate: one group
         table = table.append_column(f"{prefix}g",

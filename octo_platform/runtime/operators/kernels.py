@@ -22,13 +22,13 @@ from typing import TYPE_CHECKING, Any, Callable
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from octo_platform.columns import BUCKET, COUNT, WEIGHT
+from octo_platform.columns import BUCKET, COUNT
 from octo_platform.local_frames import arrow_schema, arrow_type, local_frame
 from octo_platform.physical.plan import PAggregate, PJoin, POver, PSession, PTopN
 from octo_platform.runtime.operators import bucket_cache
 from octo_platform.runtime.operators.aggregate import Aggregate
 from octo_platform.runtime.operators.arrow import concat, local_path, read_parquet, spark_eval
-from octo_platform.runtime.operators.aggregate_kernel import aggregate_step, arrow_output, \
+from octo_platform.runtime.operators.aggregate_kernel import aggregate_step, \
     live_rows, newest, with_batch_column
 from octo_platform.runtime.operators.context import BatchContext, bucket_sql
 from octo_platform.runtime.operators.join import Join
@@ -223,9 +223,8 @@ class AggregateKernel:
         shape = lc.once(f"shape:{node.id}:{delta.schema}",
                         lambda: self.op.shape(lc.frame(delta)))
         step = aggregate_step(node, shape, lc.ctx.batch)
-        if step is None or (node.ttl_us and shape.ms_schemas):
-            raise Unsupported("SUM/AVG of decimals, nested types, or value multisets with "
-                              "state_ttl")
+        if step is None:
+            raise Unsupported("nested types")
         # the state and its multisets loaded side by side (without a change, the multisets
         # only if the batch goes on: a window closes)
         got = dict(threaded(lambda i: self.state(shape, i),
@@ -234,35 +233,42 @@ class AggregateKernel:
         marks = (lc.ctx.watermark_before, lc.ctx.watermark)
         closing = node.emit_on_close and lc.ctx.watermark_moved
         if not delta.num_rows and (keys or state.num_rows) and not closing:  # no change
-            return self.out_schema(shape).empty_table()
+            return step.out.empty_table()
         ms_state = {i: got[i] if i in got else self.state(shape, i) for i in shape.ms_schemas}
         # Every row is wanted where groups leave without being touched (a window closes)
         # or there is one group; else only the touched groups' rows, found by key.
         whole = not keys or node.emit_on_close or step.closes is not None
         ttl = node.ttl_us
+        # ``state_ttl``: a forgotten group starts afresh, its values forgotten with it
+        forgets = bool(ttl) and lc.ctx.expired_through is not None
         if whole:
             before = lc.unexpired(state.table(), ttl)
-            done = step.run(delta, before, {i: s.table() for i, s in ms_state.items()})
+            ms_before = {i: s.table() for i, s in ms_state.items()}
         else:
             found = dict(threaded(lambda i: ms_state[i].find(delta) if i is not None
                                   else state.find(delta), [None, *ms_state]))
-            before = lc.unexpired(found[None].rows, ttl)  # a forgotten group starts afresh
-            done = step.run(delta, before, {i: f.rows for i, f in found.items()
-                                            if i is not None}, keep_after=False)
+            before = lc.unexpired(found[None].rows, ttl)
+            ms_before = {i: f.rows for i, f in found.items() if i is not None}
+        done = step.run(delta, before, ms_before, keep_after=whole, forgets=forgets)
 
         def kept(rows: pa.Table) -> pa.Table:  # a closed window's group is never touched
             return lc.unexpired(step.open_rows(rows, marks[1]), ttl)
+
+        def kept_values(rows: pa.Table, groups: pa.Table) -> pa.Table:  # of live groups
+            rows = step.open_rows(rows, marks[1])
+            return step.of_groups(rows, kept(groups)) if forgets else rows
         lc.fresh[node.id] = KeyedRows(kept(done.after), keys) if whole else state.replace(
             found[None], done.changes.filter(pc.not_equal(done.changes[COUNT], 0)))
         lc.stage(node.id, done.changes, state.table, kept, newest(keys), keys)
         for i, (changes, after) in done.ms.items():
             table = node.multiset_table(i)
-            lc.fresh[table] = KeyedRows(kept(after), keys) if whole else \
+            lc.fresh[table] = KeyedRows(kept_values(after, done.after), keys) if whole else \
                 ms_state[i].replace(found[i], after)
-            lc.stage(table, changes, ms_state[i].table, kept, newest([*keys, "v"]), keys)
+            lc.stage(table, changes, ms_state[i].table,
+                     lambda rows: kept_values(rows, state.table()), newest([*keys, "v"]), keys)
         if node.emit_on_close:  # the final rows of the groups whose window closes
-            return self.output(step.closing(done.table, before, *marks), shape)
-        return self.output(done.table, shape)
+            return step.output(step.closing(done.table, before, *marks))
+        return step.output(done.table)
 
     def state(self, shape: Any, i: int | None) -> KeyedRows:
         """The rows of the aggregate's state (``i`` None), or of its ``i``-th value
@@ -275,35 +281,6 @@ class AggregateKernel:
             lc.spark, lc.ctx.state_log(table), schema, key,
             alive=None if alive is None else f"{alive} != 0", keep_batch=True),
             lambda files: _latest(files, arrow_schema(with_batch(schema)), key, alive), keys)
-
-    @staticmethod
-    def out_schema(shape) -> pa.Schema:
-        return arrow_schema(shape.out_schema).append(pa.field(WEIGHT, pa.int64()))
-
-    def output(self, table: pa.Table, shape) -> pa.Table:
-        """Retractions of the old and insertions of the new result rows, where they
-        differ: the values and flags are the Spark operator's SQL, run locally, unless
-        ``aggregate_kernel.arrow_output`` computes them (no call to Spark)."""
-        fast = arrow_output(self.keys, self.node.aggs, table, self.out_schema(shape))
-        if fast is not None:
-            return fast
-        n = len(self.node.columns)
-        old_exists, new_exists, changed = self.op.change_flags()
-        types = [f.dataType.simpleString() for f in shape.out_schema.fields]
-        exprs = [f"CAST({v} AS {t}) AS _o{j}" for j, (v, t) in enumerate(
-            zip(self.op.values("o"), types))]
-        exprs += [f"CAST({v} AS {t}) AS _n{j}" for j, (v, t) in enumerate(
-            zip(self.op.values("n"), types))]
-        exprs += [f"{old_exists} AS _oe", f"{new_exists} AS _ne"]
-        rows = self.lc.sql(f"{self.node.id}:out", table,
-                           lambda df: df.filter(changed).selectExpr(*exprs))
-        out = self.out_schema(shape)
-
-        def side(prefix: str, flag: str, weight: int) -> pa.Table:
-            part = rows.filter(rows[flag]).select([f"_{prefix}{j}" for j in range(n)])
-            return part.append_column(WEIGHT, pa.array([weight] * part.num_rows, pa.int64())
-                                      ).rename_columns(out.names)
-        return concat([side("o", "_oe", -1), side("n", "_ne", 1)], out)
 
 class JoinKernel:
     """Delta-rule joins: ``join_kernel.JoinStep`` over the run's cache of each side's state

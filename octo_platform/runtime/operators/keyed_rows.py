@@ -370,7 +370,8 @@ class KeyedRows:
 
     def add(self, rows: pa.Table) -> KeyedRows:
         """A new version with ``rows`` added (a multiset's rows: none replaced)."""
-        return self.replace(Found(self.schema.empty_table(), self.schema.empty_table()), rows)
+        nothing = self.schema.empty_table()
+        return self.replace(Found(nothing, nothing.select(self.keys)), rows)
 
     def _distinct(self, probe: pa.Table) -> pa.Table:
         keys = normal_floats(probe.select(self.keys))  # as ``same_values`` compares
