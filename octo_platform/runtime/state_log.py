@@ -27,11 +27,12 @@ from typing import TYPE_CHECKING, Any, Callable
 from octo_platform.sqltext import quote
 
 if TYPE_CHECKING:
+    import pyarrow as pa
     from pyspark.sql import DataFrame, SparkSession
     from pyspark.sql.types import StructType
 
 __all__ = ["BATCH", "STATE_FORMAT", "MERGE_DELTAS", "StateFile", "read_log", "latest",
-           "compaction", "generation", "with_batch"]
+           "compaction", "generation", "with_batch", "unexpired", "unexpired_sql"]
 
 STATE_FORMAT = 4  # version of the warehouse's state layout (1: bucket files rewritten whole;
 # 2: unpartitioned logs; 3: aggregate logs partitioned by the bucket of the group key;
@@ -124,3 +125,16 @@ def _expr(sql: str) -> Callable:
     from pyspark.sql import functions as F
 
     return F.expr(sql)
+
+
+def unexpired(rows: pa.Table, cut: int | None) -> pa.Table:
+    """``rows`` (with ``_batch``) but those ``state_ttl`` forgot: written by batch ``cut``
+    (``BatchContext.cut``) or an earlier one; all of them for no cut."""
+    import pyarrow.compute as pc
+
+    return rows if cut is None else rows.filter(pc.greater(rows[BATCH], cut))
+
+
+def unexpired_sql(cut: int | None) -> str | None:
+    """``unexpired`` as a SQL condition (None for no cut)."""
+    return None if cut is None else f"{BATCH} > {cut}"

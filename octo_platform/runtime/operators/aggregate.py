@@ -7,7 +7,7 @@ from typing import TYPE_CHECKING, Any
 from octo_platform.columns import COUNT
 from octo_platform.physical.plan import PAggregate
 from octo_platform.runtime.operators.context import BatchContext, W
-from octo_platform.runtime.state_log import BATCH, latest, merge_keyed
+from octo_platform.runtime.state_log import BATCH, latest, merge_keyed, unexpired_sql
 from octo_platform.sqltext import quote, sql_expr
 
 if TYPE_CHECKING:
@@ -103,12 +103,12 @@ class Aggregate:
         alive = f"{COUNT} != 0" if self.keys else None  # a group whose count is 0 is gone
         old = latest(ctx.spark, ctx.state_log(node.id), shape.state_schema, names,
                      wanted=dagg.select(*self.keys) if self.keys else None, alive=alive,
-                     newer_than=self.expired())
+                     newer_than=self.ctx.cut(node))
         ctx.compact(node.id, lambda files, full: merge_keyed(
             ctx.spark, files, shape.state_schema, names, full=full,
             alive=self.kept(alive)), names)
         d = dagg
-        groups = None if self.expired() is None else old  # a forgotten group's values too
+        groups = None if self.ctx.cut(node) is None else old  # a forgotten group's values
         for i in shape.ms_schemas:
             result = self.multiset(i, delta, shape.ms_schemas[i], groups)
             on = " AND ".join(f"d.{k} <=> r.{k}" for k in self.keys) or "true"
@@ -127,22 +127,18 @@ class Aggregate:
             return self.closing(table, shape)
         return self.output(table, shape)
 
-    def expired(self) -> int | None:
-        """With ``state_ttl``: the last batch whose state rows are expired."""
-        return self.ctx.expired_through if self.node.ttl_us else None
-
     def kept(self, alive: str | None, expires: bool = True) -> str | None:
         """What a full compaction keeps: live groups; of a windowed aggregate only those of
         windows still open (a closed window's group is never touched again); with
         ``state_ttl`` (and ``expires``: rows of the groups' own table) only those not
         expired."""
         node, mark = self.node, self.ctx.watermark
-        cut = self.expired() if expires else None
+        cut = unexpired_sql(self.ctx.cut(node) if expires else None)
         conditions = [f"({alive})"] if alive else []
         if node.closes is not None and mark is not None:
             conditions.append(f"NOT ({node.closed_sql(mark)})")
         if cut is not None:
-            conditions.append(f"{BATCH} > {cut}")
+            conditions.append(cut)
         return " AND ".join(conditions) or None
 
     def closing(self, table: DataFrame, shape: _AggShape) -> DataFrame:

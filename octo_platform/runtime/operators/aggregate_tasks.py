@@ -65,7 +65,7 @@ from octo_platform.runtime.operators.tasks import (
     tagged_schema,
     visits,
 )
-from octo_platform.runtime.state_log import BATCH, with_batch
+from octo_platform.runtime.state_log import unexpired, with_batch
 from octo_platform.sqltext import quote
 
 if TYPE_CHECKING:
@@ -96,7 +96,7 @@ def run_aggregate(node: PAggregate, ctx: BatchContext, delta: DataFrame) -> Data
                                                            *shape.ms_schemas.values()]])
     task = _BucketTask(step, tables=logs, files=files, due=due, out=arrow_schema(schema),
                        reader=ctx.reader, marks=(ctx.watermark_before, ctx.watermark),
-                       emit=node.emit_on_close, cut=op.expired(),
+                       emit=node.emit_on_close, cut=ctx.cut(node),
                        sink=None if sink is None else sink[0], counts=ctx.cache_counts)
     rows = delta.selectExpr(*[quote(c) for c in args], quote(WEIGHT),
                             f"{bucket_sql(node.keys, ctx.buckets)} AS {BUCKET}")
@@ -199,8 +199,8 @@ class _BucketTask:
             if before is None:
                 before = live_rows(read_bucket(self.reader, path, mine, logged), mine, names,
                                    alive)
-            if self.cut is not None and j == 0:  # an expired group starts afresh
-                before = before.filter(pc.greater(before[BATCH], self.cut))
+            if j == 0:  # a forgotten group starts afresh
+                before = unexpired(before, self.cut)
             befores.append(before)
             files.append(mine)
         done = step.run(delta, befores[0], {i: b for i, b in zip(step.ms, befores[1:])},

@@ -91,6 +91,11 @@ class BatchContext:
     # ``spark.sql.shuffle.partitions``).
     tasks: int = 0
 
+    def cut(self, node: Any) -> int | None:
+        """``state_ttl``: the last batch whose state rows of operator ``node`` are
+        forgotten (``state_log.unexpired``); None where nothing is."""
+        return self.expired_through if getattr(node, "ttl_us", None) else None
+
     @property
     def watermark_moved(self) -> bool:
         """This batch moves the table's watermark: windows may close."""

@@ -15,7 +15,8 @@ from octo_platform.runtime.operators.context import (
     touched_buckets,
 )
 from octo_platform.runtime.operators.join_kernel import JoinStep
-from octo_platform.runtime.state_log import BATCH, merge_weighted, read_log, with_batch
+from octo_platform.runtime.state_log import BATCH, merge_weighted, read_log, unexpired_sql, \
+    with_batch
 from octo_platform.sqltext import quote, sql_expr
 
 if TYPE_CHECKING:
@@ -131,19 +132,19 @@ class Join:
         table = self.node.side_table(self.SIDES[s])
         stored_schema = self.stored_schema(s, delta.schema)
         store = [f"{quote(n)} AS {c}" for n, c in zip(row, self.stored_names(s))]
-        cut = ctx.expired_through if self.node.ttl_us else None
+        cut = ctx.cut(self.node)
         if self.node.ttl_us:
             stored_schema = with_batch(stored_schema)
             store.append(f"CAST({ctx.batch} AS BIGINT) AS {BATCH}")
         stored = read_log(ctx.spark, [f for f in ctx.state_log(table)
                                       if int(f["partition"][BUCKET]) in buckets], stored_schema)
         if cut is not None:
-            stored = stored.filter(f"{BATCH} > {cut}")
+            stored = stored.filter(unexpired_sql(cut))
         ctx.append_log(table, delta.selectExpr(*store), self.stored_keys(s))
 
         def merge(files: list, full: bool) -> DataFrame:
             rows = merge_weighted(ctx.spark, files, stored_schema, COUNT)  # per batch
-            return rows.filter(f"{BATCH} > {cut}") if full and cut is not None else rows
+            return rows.filter(unexpired_sql(cut)) if full and cut is not None else rows
 
         ctx.compact(table, merge, self.stored_keys(s))
         return stored.selectExpr(*self.stored_names(s)).toDF(*row)

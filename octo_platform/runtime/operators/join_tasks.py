@@ -23,7 +23,6 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Callable
 
 import pyarrow as pa
-import pyarrow.compute as pc
 
 from octo_platform.columns import BUCKET, COUNT, WEIGHT
 from octo_platform.physical.plan import PJoin
@@ -32,7 +31,7 @@ from octo_platform.runtime.operators.arrow import primitive
 from octo_platform.runtime.operators.context import BatchContext, bucket_sql
 from octo_platform.runtime.operators.join import Join
 from octo_platform.runtime.operators.join_kernel import JoinStep, summed
-from octo_platform.runtime.state_log import BATCH, with_batch
+from octo_platform.runtime.state_log import BATCH, unexpired, with_batch
 from octo_platform.runtime.operators.tasks import (
     PART,
     Log,
@@ -79,7 +78,7 @@ def run_join(node: PJoin, ctx: BatchContext, ldelta: DataFrame, rdelta: DataFram
     files = log_files(ctx, tables, [stored[s] for s in "lr"])
     task = _JoinTask(step, tables=logs, files=files, due=due, out=arrow_schema(schema),
                      reader=ctx.reader,
-                     ttl=(ctx.batch, ctx.expired_through) if node.ttl_us else None)
+                     ttl=(ctx.batch, ctx.cut(node)) if node.ttl_us else None)
     # Stored names: PySpark resolves the co-grouped columns by name, and a user's may
     # hold a dot.
     sides = [keyed[s].toDF(*op.stored_names(s)).selectExpr(
@@ -139,8 +138,8 @@ class _JoinTask:
         for s, (path, log), schema in zip("lr", self.tables, (f.schema for f in self.files)):
             mine[s] = log.get(bucket, [])
             stored[s] = read_bucket(self.reader, path, mine[s], schema)
-            if self.ttl is not None and self.ttl[1] is not None:
-                stored[s] = stored[s].filter(pc.greater(stored[s][BATCH], self.ttl[1]))
+            if self.ttl is not None:
+                stored[s] = unexpired(stored[s], self.ttl[1])
             old[s] = stored[s].select(schema.names[:len(step.row(s))]).rename_columns(
                 step.row(s))
         out, delta, found = step.run(deltas, old, first_id=bucket << 32)

@@ -36,7 +36,7 @@ from octo_platform.runtime.operators.join_kernel import summed
 from octo_platform.runtime.operators.keyed_rows import KeyedRows
 from octo_platform.runtime.operators.spark_hash import hashable, spark_hash, spark_pmod
 from octo_platform.runtime.state_log import BATCH, StateFile, compaction, latest, \
-    read_log, with_batch
+    read_log, unexpired, with_batch
 from octo_platform.runtime.writes import threaded
 from octo_platform.sqltext import unquote
 
@@ -92,14 +92,6 @@ class LocalContext:
     @property
     def spark(self):
         return self.ctx.spark
-
-    def unexpired(self, rows: pa.Table, ttl: int | None) -> pa.Table:
-        """``rows`` (with ``_batch``) but those ``state_ttl`` (``ttl``) expired: written by
-        the batch the context names or an earlier one."""
-        cut = self.ctx.expired_through
-        if not ttl or cut is None:
-            return rows
-        return rows.filter(pc.greater(rows[BATCH], cut))
 
     def frame(self, table: pa.Table) -> DataFrame:
         """An empty local relation of ``table``'s columns: for Spark's analysis only."""
@@ -238,25 +230,23 @@ class AggregateKernel:
         # Every row is wanted where groups leave without being touched (a window closes)
         # or there is one group; else only the touched groups' rows, found by key.
         whole = not keys or node.emit_on_close or step.closes is not None
-        ttl = node.ttl_us
-        # ``state_ttl``: a forgotten group starts afresh, its values forgotten with it
-        forgets = bool(ttl) and lc.ctx.expired_through is not None
+        cut = lc.ctx.cut(node)  # ``state_ttl``: a forgotten group starts afresh
         if whole:
-            before = lc.unexpired(state.table(), ttl)
+            before = unexpired(state.table(), cut)
             ms_before = {i: s.table() for i, s in ms_state.items()}
         else:
             found = dict(threaded(lambda i: ms_state[i].find(delta) if i is not None
                                   else state.find(delta), [None, *ms_state]))
-            before = lc.unexpired(found[None].rows, ttl)
+            before = unexpired(found[None].rows, cut)
             ms_before = {i: f.rows for i, f in found.items() if i is not None}
-        done = step.run(delta, before, ms_before, keep_after=whole, forgets=forgets)
+        done = step.run(delta, before, ms_before, keep_after=whole, forgets=cut is not None)
 
         def kept(rows: pa.Table) -> pa.Table:  # a closed window's group is never touched
-            return lc.unexpired(step.open_rows(rows, marks[1]), ttl)
+            return unexpired(step.open_rows(rows, marks[1]), cut)
 
         def kept_values(rows: pa.Table, groups: pa.Table) -> pa.Table:  # of live groups
             rows = step.open_rows(rows, marks[1])
-            return step.of_groups(rows, kept(groups)) if forgets else rows
+            return rows if cut is None else step.of_groups(rows, kept(groups))
         lc.fresh[node.id] = KeyedRows(kept(done.after), keys) if whole else state.replace(
             found[None], done.changes.filter(pc.not_equal(done.changes[COUNT], 0)))
         lc.stage(node.id, done.changes, state.table, kept, newest(keys), keys)
@@ -313,8 +303,8 @@ class JoinKernel:
         def on(what: str, rows: pa.Table) -> pa.Table:
             return lc.sql(f"{node.id}:{what}", rows, lambda df: df.filter(node.residual))
 
-        ttl, names = node.ttl_us, {s: self.step.row(s) for s in "lr"}  # a forgotten row
-        out, delta, _ = self.step.run(keyed, {s: lc.unexpired(found[s].rows, ttl).select(
+        cut, names = lc.ctx.cut(node), {s: self.step.row(s) for s in "lr"}  # a forgotten row
+        out, delta, _ = self.step.run(keyed, {s: unexpired(found[s].rows, cut).select(
             names[s]) for s in "lr"}, on)  # no longer matches
         for s in "lr":
             self.stage(s, state[s], delta[s])
@@ -368,6 +358,7 @@ class JoinKernel:
         keep the side's rows after the batch for the cache (the batch's rows added: a
         retraction is a row of negative weight, as in the log)."""
         op, lc, ttl = self.op, self.lc, self.node.ttl_us
+        cut = lc.ctx.cut(self.node)
         table = self.node.side_table(op.SIDES[s])
         if ttl:  # each row's batch (a compaction sums multiplicities per batch)
             delta = with_batch_column(delta, lc.ctx.batch)
@@ -376,5 +367,5 @@ class JoinKernel:
         kept = arrow_schema(self.stored(s, delta))
         merge = functools.partial(summed, schema=kept)
         lc.stage(table, delta.rename_columns(names).cast(kept), state.table,
-                 lambda rows: lc.unexpired(merge(rows.rename_columns(names)), ttl), merge,
+                 lambda rows: unexpired(merge(rows.rename_columns(names)), cut), merge,
                  op.stored_keys(s))
