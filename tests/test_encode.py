@@ -118,13 +118,13 @@ def test_no_rows_make_no_events():
 
 @pytest.mark.parametrize("seed", [0, 1, 2])
 def test_a_group_by_pairs_its_events_from_its_accumulators(seed):
-    """``aggregate_kernel.arrow_changes`` (the Spark path's GROUP BY tasks write their
+    """``aggregate.arrow_changes`` (the Spark path's GROUP BY tasks write their
     events from each group's old and new row) gives the events ``change_events`` pairs
     from the same groups' Δ (``arrow_output``): new groups, gone ones, unchanged ones,
     -0.0 against 0.0 and NaNs."""
     from types import SimpleNamespace
 
-    from octo_platform.runtime.operators.aggregate_kernel import arrow_changes, arrow_output
+    from octo_platform.runtime.operators.aggregate import arrow_changes, arrow_output
 
     rng = random.Random(seed)
     aggs = (SimpleNamespace(strategy="count", arg=None, func="count"),

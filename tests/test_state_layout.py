@@ -67,7 +67,7 @@ def test_a_keyed_logs_merge_keeps_each_keys_newest_row_whole():
     as the old maximum)."""
     import pyarrow as pa
 
-    from octo_platform.runtime.operators.aggregate_kernel import newest
+    from octo_platform.runtime.operators.aggregate import newest
 
     log = pa.table({"g": [0, 0, 1, 1], "m": [12, None, None, 5], "_batch": [1, 3, 2, 4]})
     merged = newest(["g"])(log).sort_by("g")

@@ -168,7 +168,7 @@ class TableWriter:
                       ) -> pa.Table:
         """``write`` for events given as their rows' old and new images (``rows``' columns
         but ``_w``, in its order) and where each is missing: a kernel that holds both
-        (``aggregate_kernel.arrow_changes``) pairs them itself. ``current``: all of the
+        (``aggregate.arrow_changes``) pairs them itself. ``current``: all of the
         bucket's rows after them, where the kernel holds those too (then the bucket is
         written from them, not merged)."""
         image = pa.struct([f for f in self.rows if f.name != WEIGHT])

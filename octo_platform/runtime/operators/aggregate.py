@@ -1,22 +1,111 @@
-"""GROUP BY with retractions, its state a keyed change log (``state_log``)."""
+"""GROUP BY with retractions: its formula, its state and its step, in Arrow.
+
+**Formula.** A batch Δ (rows with weights ``_w``: +1 an insert, -1 a retraction) changes
+each group ``g`` it touches by Δ(g): the row count ``_n`` by the sum of the weights; per
+aggregate, the non-null count ``c<i>`` and the sum ``s<i>`` (SUM, AVG) by the weighted
+counts and sums of the group's rows in Δ (exact: decimals in 256 bits); MIN/MAX over
+append-only input (``running``) ``m<i>`` by the extreme of the old value and Δ's. MIN/MAX
+over updating input and COUNT(DISTINCT) keep each group's values with their counts (a
+*value multiset*, a state table of its own: (keys, ``v``) -> ``cnt``) and take ``m<i>``
+from all the group's values after the batch. Each touched group has its old accumulators
+``o`` and new ones ``n = o + Δ(g)`` side by side (``AggregateStep.accumulators``); its result
+row is computed from each side (AVG = sum / count as Spark rounds it), and where they differ
+the output retracts the old row and inserts the new one (``arrow_output``; a group whose
+count reaches 0 is gone; without keys the one group always has a row). The cost follows the
+groups a batch touches: the others' state is never read or rewritten.
+
+**State.** One keyed log (``state_log``): per group its keys, ``_n`` and the accumulators,
+stamped with the batch that wrote them (``_batch``), partitioned by the bucket of the group
+key; a batch appends the rows of the groups it changed (count 0: a tombstone); a group's
+newest row is its state (``live_rows``); a compaction keeps each group's newest live row.
+The types are Spark's own aggregation's (``shape``, derived once per run).
+
+**Windows.** A windowed GROUP BY whose window closes (``closes``) drops a closed window's
+groups at compaction; with EMIT ON WINDOW CLOSE the output is the final rows of the groups
+whose window the batch's watermark closes, touched or not (``AggregateStep.closing``).
+
+**state_ttl.** A group whose state row is older than the cut (``BatchContext.cut``) is not
+read: it starts afresh, its values forgotten with it (``AggregateStep.run``'s ``forgets``).
+
+The step runs in the driver (``kernels.AggregateKernel``, small batches, over the run's
+state cache) and in Spark tasks (``aggregate_tasks``, one per bucket of the state). Groups of
+types Arrow cannot group (nested types) run as ``aggregate_frames.AggregateFrames``' Spark
+SQL over the same state.
+"""
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from decimal import ROUND_HALF_UP, Decimal, localcontext
+from typing import TYPE_CHECKING, Any, Callable
 
-from octo_platform.columns import COUNT
-from octo_platform.physical.plan import PAggregate
-from octo_platform.runtime.operators.context import BatchContext, W
-from octo_platform.runtime.state_log import BATCH, latest, merge_keyed, unexpired_sql
+import numpy as np
+import pyarrow as pa
+import pyarrow.compute as pc
+
+from octo_platform.columns import COUNT, WEIGHT
+from octo_platform.local_frames import arrow_schema
+from octo_platform.runtime.operators.arrow import concat, key_join, primitive, safe_keys, \
+    zero_of
+from octo_platform.runtime.operators.keyed_rows import same_values
+from octo_platform.runtime.state_log import BATCH, StateFile, generation
 from octo_platform.sqltext import quote, sql_expr
 
 if TYPE_CHECKING:
     from pyspark.sql import DataFrame
 
-__all__ = ["Aggregate", "result_frame"]
+__all__ = ["Shape", "shape", "result_frame", "AggregateStep", "Stepped", "aggregate_step",
+           "arrow_output", "arrow_changes", "arrow_rows", "newest", "live_rows", "unsuffix",
+           "with_batch_column"]
+
+_ROW = "__octo_row"  # a state row's position, kept through a join
 
 
-def result_frame(node: PAggregate, delta: DataFrame) -> DataFrame:
+@dataclass(frozen=True)
+class Shape:
+    """A GROUP BY's Spark types for given input types: its state table's (keys, ``_n``,
+    ``c<i>``/``s<i>``/``m<i>``), each value multiset's (keys, ``v``, ``cnt``) and its
+    result rows'."""
+
+    state_schema: Any
+    out_schema: Any
+    ms_schemas: dict[int, Any]
+
+
+def shape(node: Any, ctx: Any, delta: DataFrame) -> Shape:
+    """GROUP BY ``node``'s ``Shape`` over input ``delta`` (computed once per run:
+    ``ctx.memo``)."""
+    key = f"{node.id}:{delta.schema.simpleString()}"
+    if key not in ctx.memo:
+        ctx.memo[key] = _shape(node, delta)
+    return ctx.memo[key]
+
+
+def _shape(node: Any, delta: DataFrame) -> Shape:
+    from pyspark.sql.types import LongType, StructField, StructType
+
+    types = {f.name: f.dataType for f in delta.schema.fields}
+    acc: list[StructField] = []
+    ms: dict[int, Any] = {}
+    for i, a in enumerate(node.aggs):
+        if a.strategy == "count":
+            if a.arg is not None:
+                acc.append(StructField(f"c{i}", LongType()))
+        elif a.strategy == "sum":
+            st = delta.selectExpr(f"sum({quote(a.arg)})").schema.fields[0].dataType
+            acc += [StructField(f"c{i}", LongType()), StructField(f"s{i}", st)]
+        elif a.strategy == "running":
+            acc.append(StructField(f"m{i}", types[a.arg]))
+        else:
+            acc.append(StructField(f"m{i}", LongType() if a.func == "count" else
+                                   types[a.arg]))
+            ms[i] = StructType([*[StructField(k, types[k]) for k in node.keys],
+                                StructField("v", types[a.arg]), StructField("cnt", LongType())])
+    state = StructType([*[StructField(k, types[k]) for k in node.keys],
+                        StructField(COUNT, LongType()), *acc])
+    return Shape(state, result_frame(node, delta).schema, ms)
+
+
+def result_frame(node: Any, delta: DataFrame) -> DataFrame:
     """An empty frame of GROUP BY ``node``'s result rows over ``delta`` (no weight): their
     types are Spark's own aggregation's of ``delta``'s."""
     keys, exprs = [quote(k) for k in node.keys], []
@@ -30,244 +119,446 @@ def result_frame(node: PAggregate, delta: DataFrame) -> DataFrame:
         empty.selectExpr(*keys)
 
 
+
+@dataclass
+class Stepped:
+    """What a step made: the accumulators of every touched group (``table``), the state
+    log's new rows (``changes``, tombstones included, stamped with the batch) and its live
+    rows afterwards (``after``); per multiset aggregate ``i``, the same (``ms[i]``)."""
+
+    table: pa.Table
+    changes: pa.Table
+    after: pa.Table | None
+    ms: dict[int, tuple[pa.Table, pa.Table]]
+
+
 @dataclass(frozen=True)
-class _AggShape:
-    """What an aggregate's SQL looks like for given input types (computed once per run)."""
+class AggregateStep:
+    """One GROUP BY's step (picklable: Spark ships it to tasks). ``state``: the state
+    table's schema (keys, ``_n``, accumulators) and ``ms``: each multiset table's
+    (keys, ``v``, ``cnt``), all without ``_batch``."""
 
-    state_schema: Any
-    out_schema: Any
-    delta_exprs: tuple[str, ...]
-    ms_schemas: dict[int, Any]
+    keys: tuple[str, ...]
+    aggs: tuple[Any, ...]
+    state: pa.Schema
+    ms: dict[int, pa.Schema]
+    batch: int
+    out: pa.Schema  # the output rows: the GROUP BY's columns and ``_w``
+    closes: tuple[str, int] | None = None  # ``PAggregate.closes``: (window key, offset µs)
 
+    @property
+    def logged(self) -> pa.Schema:
+        """The state log's rows: the state and the batch that wrote them."""
+        return self.state.append(pa.field(BATCH, pa.int64()))
 
-class Aggregate:
-    """GROUP BY with retractions.
+    def ms_logged(self, i: int) -> pa.Schema:
+        return self.ms[i].append(pa.field(BATCH, pa.int64()))
 
-    State row per group: keys, ``_n`` (row count), per aggregate ``c<i>`` (non-null count),
-    ``s<i>`` (sum) or ``m<i>`` (last MIN/MAX/COUNT DISTINCT result); multiset aggregates keep
-    (keys, value) -> count in a table of their own.
-    """
+    @property
+    def accumulated(self) -> pa.Schema:
+        """The schema of ``accumulators``' tables: the keys, then each accumulator's old
+        (``o``) and new (``n``) value, then ``_touched``."""
+        fields = list(self.state)
+        keys = len(self.keys)
+        out = [*fields[:keys], pa.field(f"o{COUNT}", pa.int64()),
+               pa.field(f"n{COUNT}", pa.int64())]
+        for f in fields[keys + 1:]:
+            out += [pa.field(f"o{f.name}", f.type), pa.field(f"n{f.name}", f.type)]
+        return pa.schema([*out, pa.field("_touched", pa.bool_())])
 
-    def __init__(self, node: PAggregate, ctx: BatchContext) -> None:
-        self.node = node
-        self.ctx = ctx
-        self.keys = [quote(k) for k in node.keys]
+    def output(self, table: pa.Table) -> pa.Table:
+        """The output Δ of the accumulators ``table`` (``arrow_output``)."""
+        got = arrow_output(self.keys, self.aggs, table, self.out)
+        assert got is not None, "aggregate_step covers only what arrow_output computes"
+        return got
 
-    def shape(self, delta: DataFrame) -> _AggShape:
-        key = f"{self.node.id}:{delta.schema.simpleString()}"
-        if key not in self.ctx.memo:
-            self.ctx.memo[key] = self._shape(delta)
-        return self.ctx.memo[key]
+    def run(self, delta: pa.Table, before: pa.Table, ms_before: dict[int, pa.Table],
+            keep_after: bool = True, forgets: bool = False) -> Stepped:
+        """``delta``: the batch's rows (keys, aggregate arguments, ``_w``); ``before``: the
+        live state rows (``logged``) of at least the groups it touches; ``ms_before``: the
+        same of each multiset. ``keep_after=False``: the state's rows afterwards are not
+        wanted (``Stepped.after`` is None). ``forgets`` (``state_ttl``): ``before`` lacks
+        the groups whose state expired, and their values are forgotten with them: left out,
+        and, for the groups the batch starts afresh, tombstoned in the multiset's log."""
+        keys = list(self.keys)
+        d = self.delta_groups(delta)
+        ms = {}
+        for i in self.ms:
+            values, stale = ms_before[i], None
+            if forgets:
+                values, stale = self.of_groups(values, before), \
+                    self.of_groups(values, before, "left anti")
+            d, ms[i] = self.with_multiset(d, i, delta, values, stale)
+        dk, dcols = safe_keys(_prefixed(d, "d."), [f"d.{k}" for k in keys], "_d")
+        ok, ocols = safe_keys(_prefixed(before, "o."), [f"o.{k}" for k in keys], "_o")
+        ok = ok.append_column(_ROW, pa.array(np.arange(ok.num_rows, dtype=np.int64)))
+        old = key_join(ok, dk.select(dcols), ocols, dcols, "left semi")
+        hit = np.zeros(ok.num_rows, bool)  # the state rows of the groups the batch touches
+        hit[old[_ROW].to_numpy()] = True
+        table = self.accumulators(key_join(dk, old.drop_columns([_ROW]), dcols, ocols,
+                                           "left outer"))
+        changes = table.select([*keys, f"n{COUNT}", *[f"n{f}" for f in
+                                                      self.state.names[len(keys) + 1:]]])
+        changes = with_batch_column(changes.rename_columns(self.state.names), self.batch)
+        changes = changes.cast(self.logged)
+        if not keys:
+            return Stepped(table, changes, changes, ms)
+        if not keep_after:
+            return Stepped(table, changes, None, ms)
+        kept = before.filter(pa.array(~hit))
+        live = changes.filter(pc.not_equal(changes[COUNT], 0))
+        return Stepped(table, changes, concat([kept, live], self.logged), ms)
 
-    def _shape(self, delta: DataFrame) -> _AggShape:
-        from pyspark.sql.types import LongType, StructField, StructType
+    def of_groups(self, rows: pa.Table, groups: pa.Table, how: str = "left semi"
+                  ) -> pa.Table:
+        """``rows`` (of a multiset) of the groups that have a row in ``groups`` (``how``
+        ``left anti``: that have none)."""
+        keys = list(self.keys)
+        if not keys:
+            return rows if bool(groups.num_rows) == (how == "left semi") else rows.slice(0, 0)
+        mine, mcols = safe_keys(rows, keys, "_m")
+        live, lcols = safe_keys(groups.select(keys), keys, "_g")
+        return key_join(mine, live.select(lcols), mcols, lcols, how).select(rows.column_names)
 
-        node = self.node
-        types = {f.name: f.dataType for f in delta.schema.fields}
-        acc: list[StructField] = []
-        d_exprs = [f"sum({W}) AS d{COUNT}"]
-        ms: dict[int, Any] = {}
-        for i, a in enumerate(node.aggs):
-            x = quote(a.arg) if a.arg else None
-            w_if = f"CASE WHEN {x} IS NOT NULL THEN {W} ELSE 0 END"
-            if a.strategy == "count":
-                if x is not None:
-                    acc.append(StructField(f"c{i}", LongType()))
-                    d_exprs.append(f"sum({w_if}) AS dc{i}")
-            elif a.strategy == "sum":
-                st = delta.selectExpr(f"sum({x})").schema.fields[0].dataType
-                acc += [StructField(f"c{i}", LongType()), StructField(f"s{i}", st)]
-                t = st.simpleString()
-                d_exprs += [f"sum({w_if}) AS dc{i}",
-                            f"CAST(sum(CAST({x} AS {t}) * {W}) AS {t}) AS ds{i}"]
+    def open_rows(self, rows: pa.Table, mark: int | None) -> pa.Table:
+        """``rows`` (of the state or a multiset) whose window the watermark ``mark`` has not
+        closed: what a compaction keeps (a closed window's group is never touched again)."""
+        if self.closes is None or mark is None:
+            return rows
+        return rows.filter(pc.invert(self.closed(rows, mark)))
+
+    def closed(self, rows: pa.Table, mark: int) -> pa.ChunkedArray:
+        """Per row, whether its window is closed at ``mark`` (``PAggregate.closed_sql``)."""
+        assert self.closes is not None
+        key, offset = self.closes
+        micros = rows[key].cast(pa.timestamp("us", rows.schema.field(key).type.tz)).cast(
+            pa.int64())
+        return pc.fill_null(pc.less_equal(pc.add(micros, offset), mark), False)
+
+    def closing(self, table: pa.Table, before: pa.Table, mark_before: int | None,
+                mark: int | None) -> pa.Table:
+        """EMIT ON WINDOW CLOSE: the accumulators of the groups whose window ``mark`` closes
+        and ``mark_before`` did not, touched by the batch (``table``, the step's) or not
+        (``before``: live state rows), each once, with rows only; as insertions of their
+        final values (the ``o`` side NULL: no row before)."""
+        if mark is None or mark == mark_before:
+            return table.slice(0, 0)
+        keys, schema = list(self.keys), table.schema
+        olds = [f.name for f in schema if f.name[0] == "o" and f.name not in keys]
+        table = table.drop_columns(olds)
+
+        def newly(rows: pa.Table) -> pa.Table:
+            now = self.closed(rows, mark)
+            if mark_before is not None:
+                now = pc.and_(now, pc.invert(self.closed(rows, mark_before)))
+            return rows.filter(now)
+
+        touched = newly(table)
+        tk, tcols = safe_keys(table.select(keys), keys, "_t")
+        bk, bcols = safe_keys(newly(before), keys, "_b")
+        untouched = key_join(bk, tk.select(tcols), bcols, tcols, "left anti")
+        n = untouched.num_rows
+        cols = {}
+        for f in table.schema:
+            name = f.name
+            if name in keys:
+                cols[name] = untouched[name]
+            elif name == f"n{COUNT}" or (name[0] == "n" and name[1:] in before.column_names):
+                cols[name] = untouched[name[1:]]
+            elif name == "_touched":
+                cols[name] = pa.repeat(pa.scalar(True), n)
+        rows = concat([touched, pa.table(cols)], table.schema)
+        rows = rows.filter(pc.greater(rows[f"n{COUNT}"], 0))
+        for name in olds:
+            rows = rows.append_column(name, pa.nulls(rows.num_rows, schema.field(name).type))
+        return rows.select(schema.names)
+
+    def delta_groups(self, delta: pa.Table) -> pa.Table:
+        """The batch per group: ``d_n`` and per aggregate ``dc<i>``/``ds<i>``/``dm<i>``
+        (as the Spark operator's ``delta_exprs``)."""
+        w = delta[WEIGHT]
+        cols = {k: delta[k] for k in self.keys}
+        cols[f"d{COUNT}"] = w
+        aggs = [(f"d{COUNT}", "sum")]
+        zero = pa.scalar(0, pa.int64())
+        for i, a in enumerate(self.aggs):
+            x = delta[a.arg] if a.arg else None
+            if a.strategy in ("count", "sum") and x is not None:
+                cols[f"dc{i}"] = pc.if_else(pc.is_valid(x), w, zero)
+                aggs.append((f"dc{i}", "sum"))
+            if a.strategy == "sum":
+                t = self.state.field(f"s{i}").type
+                if pa.types.is_decimal(t):  # exact, wide enough for any weight
+                    cols[f"ds{i}"] = pc.multiply(x.cast(pa.decimal256(t.precision, t.scale)),
+                                                 w.cast(pa.decimal256(19, 0)))
+                else:
+                    cols[f"ds{i}"] = pc.multiply(x.cast(t), w.cast(t))
+                aggs.append((f"ds{i}", "sum"))
             elif a.strategy == "running":
-                acc.append(StructField(f"m{i}", types[a.arg]))
-                d_exprs.append(f"{a.func}({x}) AS dm{i}")
-            else:
-                acc.append(StructField(f"m{i}", LongType() if a.func == "count" else
-                                       types[a.arg]))
-                ms[i] = StructType([*[StructField(k, types[k]) for k in node.keys],
-                                    StructField("v", types[a.arg]), StructField("cnt", LongType())])
-        state = StructType([*[StructField(k, types[k]) for k in node.keys],
-                            StructField(COUNT, LongType()), *acc])
-        return _AggShape(state, result_frame(node, delta).schema, tuple(d_exprs), ms)
+                cols[f"dm{i}"] = x
+                aggs.append((f"dm{i}", a.func))
+        grouped = pa.table(cols).group_by(list(self.keys), use_threads=False).aggregate(aggs)
+        return grouped.rename_columns([unsuffix(c, aggs) for c in grouped.column_names])
 
-    def run(self, delta: DataFrame) -> DataFrame:
-        node, ctx = self.node, self.ctx
-        shape = self.shape(delta)
-        if shape.ms_schemas:
-            delta = ctx.checkpoint(delta)  # read by the multisets too
-        grouped = delta.groupBy(*self.keys).agg(*[sql_expr(e) for e in shape.delta_exprs])
-        dagg = ctx.checkpoint(grouped)
-        names = list(node.keys)
-        alive = f"{COUNT} != 0" if self.keys else None  # a group whose count is 0 is gone
-        old = latest(ctx.spark, ctx.state_log(node.id), shape.state_schema, names,
-                     wanted=dagg.select(*self.keys) if self.keys else None, alive=alive,
-                     newer_than=self.ctx.cut(node))
-        ctx.compact(node.id, lambda files, full: merge_keyed(
-            ctx.spark, files, shape.state_schema, names, full=full,
-            alive=self.kept(alive)), names)
-        d = dagg
-        groups = None if self.ctx.cut(node) is None else old  # a forgotten group's values
-        for i in shape.ms_schemas:
-            result = self.multiset(i, delta, shape.ms_schemas[i], groups)
-            on = " AND ".join(f"d.{k} <=> r.{k}" for k in self.keys) or "true"
-            d = (d.alias("d").join(result.alias("r"), sql_expr(on), "left")
-                 .selectExpr("d.*", f"r.r{i} AS r{i}"))
-        on = " AND ".join(f"o.{k} <=> d.{k}" for k in self.keys) or "true"
-        joined = old.alias("o").join(d.alias("d"), sql_expr(on), "full_outer")
-        table = ctx.checkpoint(joined.selectExpr(*self.merge_exprs(shape)))
-        # Every group the batch touched gets its new row (count 0: a tombstone).
-        new_state = table.filter("_touched").selectExpr(
-            *self.keys, f"n{COUNT} AS {COUNT}",
-            *[f"n{f.name} AS {f.name}" for f in shape.state_schema.fields[len(self.keys) + 1:]],
-            f"CAST({ctx.batch} AS BIGINT) AS {BATCH}")
-        ctx.append_log(node.id, new_state, names)
-        if node.emit_on_close:
-            return self.closing(table, shape)
-        return self.output(table, shape)
-
-    def kept(self, alive: str | None, expires: bool = True) -> str | None:
-        """What a full compaction keeps: live groups; of a windowed aggregate only those of
-        windows still open (a closed window's group is never touched again); with
-        ``state_ttl`` (and ``expires``: rows of the groups' own table) only those not
-        expired."""
-        node, mark = self.node, self.ctx.watermark
-        cut = unexpired_sql(self.ctx.cut(node) if expires else None)
-        conditions = [f"({alive})"] if alive else []
-        if node.closes is not None and mark is not None:
-            conditions.append(f"NOT ({node.closed_sql(mark)})")
-        if cut is not None:
-            conditions.append(cut)
-        return " AND ".join(conditions) or None
-
-    def closing(self, table: DataFrame, shape: _AggShape) -> DataFrame:
-        """EMIT ON WINDOW CLOSE: the final rows of the groups whose window this batch's
-        watermark closes (touched by the batch or not), each once, as inserts."""
-        node, ctx = self.node, self.ctx
-        if not ctx.watermark_moved:
-            return self.rows(table.limit(0), shape, "n")
-        closes = node.closed_sql(ctx.watermark)
-        if ctx.watermark_before is not None:
-            closes += f" AND NOT ({node.closed_sql(ctx.watermark_before)})"
-        accs = [f.name for f in shape.state_schema.fields[len(self.keys) + 1:]]
-        cols = [*self.keys, f"n{COUNT}", *[f"n{a}" for a in accs]]
-        touched = table.filter("_touched").filter(closes).selectExpr(*cols)
-        on = " AND ".join(f"o.{k} <=> t.{k}" for k in self.keys)
-        untouched = (latest(ctx.spark, ctx.state_log(node.id), shape.state_schema,
-                            list(node.keys), alive=f"{COUNT} != 0").filter(closes).alias("o")
-                     .join(table.filter("_touched").alias("t"), sql_expr(on), "left_anti")
-                     .selectExpr(*[f"o.{k}" for k in self.keys], f"o.{COUNT} AS n{COUNT}",
-                                 *[f"o.{a} AS n{a}" for a in accs]))
-        final = touched.unionByName(untouched).filter(f"n{COUNT} > 0")
-        return self.rows(final, shape, "n")
-
-    def merge_exprs(self, shape: _AggShape) -> list[str]:
-        """Old and new accumulators side by side for every row of the touched buckets."""
-        node = self.node
-        touched = f"(d.d{COUNT} IS NOT NULL OR {str(not self.keys).lower()})"
-        exprs = [f"coalesce(o.{k}, d.{k}) AS {k}" for k in self.keys]
-        exprs += [f"{touched} AS _touched", f"o.{COUNT} AS o{COUNT}",
-                  f"coalesce(o.{COUNT}, 0) + coalesce(d.d{COUNT}, 0) AS n{COUNT}"]
-        for f in shape.state_schema.fields[len(self.keys) + 1:]:
-            name, i = f.name, int(f.name[1:])
-            a, t = node.aggs[i], f.dataType.simpleString()
-            if name[0] in "cs":
-                new = (f"CAST(coalesce(o.{name}, CAST(0 AS {t})) + "
-                       f"coalesce(d.d{name}, CAST(0 AS {t})) AS {t})")
-            elif a.strategy == "running":
-                new = f"{'least' if a.func == 'min' else 'greatest'}(o.{name}, d.d{name})"
-            else:  # multiset: the group's new result if the batch touched it, else unchanged
-                result = f"coalesce(d.r{i}, 0)" if a.func == "count" else f"d.r{i}"
-                new = f"CASE WHEN {touched} THEN {result} ELSE o.{name} END"
-            exprs += [f"o.{name} AS o{name}", f"{new} AS n{name}"]
-        return exprs
-
-    def multiset(self, i: int, delta: DataFrame, schema: Any,
-                 groups: DataFrame | None = None) -> DataFrame:
-        """Update the (keys, value) -> count log of aggregate ``i``; per-group result over
-        every value of the groups the batch touched. ``groups``: the live state rows of
-        those groups where ``state_ttl`` forgets some (the others' values are left out)."""
-        node, ctx = self.node, self.ctx
-        a = node.aggs[i]
-        table = node.multiset_table(i)
-        x = quote(a.arg)
-        dv = ctx.checkpoint(delta.filter(f"{x} IS NOT NULL")
-                            .groupBy(*self.keys, sql_expr(f"{x} AS v"))
-                            .agg(sql_expr(f"sum({W}) AS dcnt")))
-        names = [*node.keys, "v"]
-        # Every value of every group the batch touches (also groups whose Δ values are NULL).
-        old = latest(ctx.spark, ctx.state_log(table), schema, names,
-                     wanted=delta.select(*self.keys) if self.keys else None, alive="cnt != 0")
-        stale = None
-        if groups is not None:  # the values of forgotten groups: tombstoned where touched
-            on = " AND ".join(f"o.{k} <=> g.{k}" for k in self.keys)
-            stale = old.alias("o").join(groups.alias("g"), sql_expr(on), "left_anti")
-            old = old.alias("o").join(groups.alias("g"), sql_expr(on), "left_semi")
-        # (a compaction keeps a forgotten group's values: the group's rows tell which)
-        ctx.compact(table, lambda files, full: merge_keyed(
-            ctx.spark, files, schema, names, full=full, alive=self.kept("cnt != 0", False)),
-            list(node.keys))
-        on = " AND ".join(f"o.{c} <=> d.{c}" for c in [*self.keys, "v"])
-        merged = ctx.checkpoint(old.alias("o").join(dv.alias("d"), sql_expr(on), "full_outer")
-                                .selectExpr(*[f"coalesce(o.{c}, d.{c}) AS {c}"
-                                              for c in [*self.keys, "v"]],
-                                            "coalesce(o.cnt, 0) + coalesce(d.dcnt, 0) AS cnt",
-                                            "d.dcnt IS NOT NULL AS _changed"))
-        changed = merged.filter("_changed").selectExpr(*self.keys, "v", "cnt")
-        if stale is not None:
-            same = " AND ".join(f"s.{c} <=> d.{c}" for c in [*self.keys, "v"])
-            changed = changed.unionByName(stale.alias("s").join(dv.alias("d"), sql_expr(same),
-                                                                "left_anti")
-                                          .selectExpr(*self.keys, "v", "0L AS cnt"))
-        ctx.append_log(table, changed.selectExpr(
-            "*", f"CAST({ctx.batch} AS BIGINT) AS {BATCH}"), list(node.keys))
+    def with_multiset(self, d: pa.Table, i: int, delta: pa.Table, before: pa.Table,
+                      stale: pa.Table | None = None
+                      ) -> tuple[pa.Table, tuple[pa.Table, pa.Table]]:
+        """Aggregate ``i``'s (keys, value) -> count state updated; ``d`` gains ``r<i>``: the
+        result over every value of each group the batch touched. ``stale``: values of
+        forgotten groups (``run``'s ``forgets``), tombstoned where the batch touches their
+        group."""
+        keys, a = list(self.keys), self.aggs[i]
+        names = [*keys, "v"]
+        x = delta[a.arg]
+        dv = pa.table({**{k: delta[k] for k in keys}, "v": x, "dcnt": delta[WEIGHT]}).filter(
+            pc.is_valid(x)).group_by(names, use_threads=False).aggregate([("dcnt", "sum")])
+        dv = dv.rename_columns([unsuffix(c, [("dcnt", "sum")]) for c in dv.column_names])
+        ok, ocols = safe_keys(_prefixed(before, "o."), [f"o.{c}" for c in names], "_o")
+        dk, dcols = safe_keys(_prefixed(dv, "d."), [f"d.{c}" for c in names], "_d")
+        both = key_join(dk, key_join(ok, dk.select(dcols), ocols, dcols, "left semi"),
+                        dcols, ocols, "left outer")
+        cnt = pc.add(pc.fill_null(both["o.cnt"], 0), both["d.dcnt"])
+        changed = pa.table({**{c: pc.coalesce(both[f"d.{c}"], both[f"o.{c}"]) for c in names},
+                            "cnt": cnt})
+        changed = with_batch_column(changed, self.batch).cast(self.ms_logged(i))
+        if stale is not None and stale.num_rows:
+            gone = self.of_groups(stale, delta)
+            gk, gcols = safe_keys(gone, names, "_s")
+            ck, ccols = safe_keys(changed.select(names), names, "_c")
+            gone = key_join(gk, ck.select(ccols), gcols, ccols, "left anti").select(names)
+            gone = gone.append_column("cnt", pa.repeat(pa.scalar(0, pa.int64()), gone.num_rows))
+            changed = concat([changed, with_batch_column(gone, self.batch)], self.ms_logged(i))
+        kept = key_join(ok, dk.select(dcols), ocols, dcols, "left anti").select(
+            [f"o.{c}" for c in before.column_names]).rename_columns(before.column_names)
+        after = concat([kept, changed.filter(pc.not_equal(changed["cnt"], 0))],
+                       self.ms_logged(i))
+        values = after
+        if keys:  # every value of the groups the batch touched
+            groups, gcols = safe_keys(pa.table({k: delta[k] for k in keys}), keys, "_g")
+            mine, acols = safe_keys(after, keys, "_a")
+            values = key_join(mine, groups.select(gcols).group_by(gcols, use_threads=False)
+                              .aggregate([]), acols, gcols, "left semi")
         fn = "count" if a.func == "count" else a.func
-        return merged.filter("cnt > 0").groupBy(*self.keys).agg(sql_expr(f"{fn}(v) AS r{i}"))
+        r = values.select([*keys, "v"]).group_by(keys, use_threads=False).aggregate(
+            [("v", fn)]).rename_columns([*keys, f"r{i}"] if keys else [f"r{i}"])
+        if not keys:
+            return d.append_column(f"r{i}", r[f"r{i}"]), (changed, after)
+        dk2, dcols2 = safe_keys(d, keys, "_q")
+        rk, rcols = safe_keys(_prefixed(r, "r."), [f"r.{k}" for k in keys], "_r")
+        joined = key_join(dk2, rk, dcols2, rcols, "left outer")
+        return joined.select([*d.column_names, f"r.r{i}"]).rename_columns(
+            [*d.column_names, f"r{i}"]), (changed, after)
 
-    def values(self, side: str) -> list[str]:
-        """Output values (keys, then aggregates) from the ``o``/``n`` accumulators."""
-        out = list(self.keys)
-        for i, a in enumerate(self.node.aggs):
-            if a.strategy == "count":
-                out.append(f"{side}{COUNT}" if a.arg is None else f"{side}c{i}")
-            elif a.strategy == "sum":
-                s = f"{side}s{i}" if a.func == "sum" else f"{side}s{i} / {side}c{i}"
-                out.append(f"CASE WHEN {side}c{i} > 0 THEN {s} END")
+    def accumulators(self, both: pa.Table) -> pa.Table:
+        """Old (``o``) and new (``n``) accumulators of every touched group (``accumulated``;
+        ``AggregateFrames.merge_exprs`` names them alike)."""
+        keys, state = self.keys, self.state
+        cols = {k: both[f"d.{k}"] for k in keys}  # every touched group is in the batch
+        o_n = both[f"o.{COUNT}"]
+        cols[f"o{COUNT}"] = o_n
+        cols[f"n{COUNT}"] = pc.add(pc.fill_null(o_n, 0), pc.fill_null(both[f"d.d{COUNT}"], 0))
+        for f in state.names[len(keys) + 1:]:
+            i, t = int(f[1:]), state.field(f).type
+            a, old = self.aggs[i], both[f"o.{f}"]
+            if f[0] in "cs":
+                new = _plus(old, both[f"d.d{f}"], t)
+            elif a.strategy == "running":
+                new = _extreme(a.func, old, both[f"d.d{f}"].cast(t))
             else:
-                out.append(f"{side}m{i}")
-        return out
+                r = both[f"d.r{i}"]
+                new = (pc.fill_null(r, 0) if a.func == "count" else r).cast(t)
+            cols[f"o{f}"], cols[f"n{f}"] = old, new
+        cols["_touched"] = pa.array([True] * both.num_rows, pa.bool_())
+        return pa.table(cols)
 
-    def casted(self, shape: _AggShape, side: str) -> list[str]:
-        """The output columns, typed, from the ``side`` (``o``/``n``) accumulators."""
-        names = [quote(c) for c in self.node.columns]
-        types = [f.dataType.simpleString() for f in shape.out_schema.fields]
-        return [f"CAST({v} AS {t}) AS {n}" for v, t, n in zip(self.values(side), types, names)]
 
-    def change_flags(self) -> tuple[str, str, str]:
-        """SQL over the accumulators of ``merge_exprs``: the group had a result row before
-        the batch, has one after it, and the batch changed it."""
-        old_v, new_v = self.values("o"), self.values("n")
-        if self.keys:
-            old_exists, new_exists = f"coalesce(o{COUNT} > 0, false)", f"n{COUNT} > 0"
-        else:
-            old_exists, new_exists = f"o{COUNT} IS NOT NULL", "true"
-        same = " AND ".join(f"({a}) <=> ({b})" for a, b in zip(old_v, new_v)) or "true"
-        return (old_exists, new_exists,
-                f"_touched AND NOT ({old_exists} AND {new_exists} AND {same})")
+def aggregate_step(node: Any, shape: Any, batch: int) -> AggregateStep | None:
+    """The step of GROUP BY ``node`` (a ``PAggregate``) in batch ``batch``, for the state
+    ``shape`` (``shape``); None when the kernel does not
+    cover it: keys and values Arrow cannot group."""
+    state = arrow_schema(shape.state_schema)
+    ms = {i: arrow_schema(s) for i, s in shape.ms_schemas.items()}
+    if not all(primitive(f.type) for t in (state, *ms.values()) for f in t):
+        return None
+    out = arrow_schema(shape.out_schema).append(pa.field(WEIGHT, pa.int64()))
+    step = AggregateStep(tuple(node.keys), tuple(node.aggs), state, ms, batch, out,
+                         node.closes)
+    if arrow_output(step.keys, step.aggs, step.accumulated.empty_table(), out) is None:
+        return None  # a result of a type the kernel does not compute
+    return step
 
-    def output(self, table: DataFrame, shape: _AggShape) -> DataFrame:
-        old_exists, new_exists, changed = self.change_flags()
 
-        def side(name: str, exists: str, weight: int) -> str:
-            return (f"CASE WHEN {exists} THEN struct({', '.join(self.casted(shape, name))}, "
-                    f"CAST({weight} AS BIGINT) AS {W}) END")
+def newest(keys: list[str]) -> Callable[[pa.Table], pa.Table]:
+    """A keyed log's merge: the newest row (by ``_batch``) of each key, tombstones (count
+    0) kept, as ``state_log.merge_keyed`` with ``full=False``. The rows are picked by
+    position (the first of each key after sorting by batch), so any value type goes."""
+    def merge(rows: pa.Table) -> pa.Table:
+        rows = rows.sort_by([(BATCH, "descending")])
+        if not keys:
+            return rows.slice(0, 1)
+        at = rows.select(keys).append_column(_ROW, pa.array(np.arange(rows.num_rows)))
+        first = at.group_by(keys, use_threads=False).aggregate([(_ROW, "min")])
+        return rows.take(first[f"{_ROW}_min"])
+    return merge
 
-        rows = table.filter(changed).selectExpr(
-            f"explode(filter(array({side('o', old_exists, -1)}, "
-            f"{side('n', new_exists, 1)}), x -> x IS NOT NULL)) AS r")
-        return rows.selectExpr("r.*")
 
-    def rows(self, accs: DataFrame, shape: _AggShape, side: str) -> DataFrame:
-        """Output rows (weight 1) of the ``side`` accumulators of ``accs``' groups."""
-        return accs.selectExpr(*self.casted(shape, side), f"CAST(1 AS BIGINT) AS {W}")
+def live_rows(stored: pa.Table, files: list[StateFile], keys: list[str], alive: str | None
+              ) -> pa.Table:
+    """A keyed log's rows ``stored`` (read from ``files``) as ``state_log.latest`` keeps
+    them: each key's newest row; with ``alive``, only those whose count column ``alive`` is
+    not 0 (tombstones dropped)."""
+    # One write holds each key once: only several need the newest row per key.
+    if len({generation(f) for f in files}) > 1:
+        stored = newest(keys)(stored)
+    if not alive:
+        return stored
+    dropped = pc.fill_null(pc.equal(stored[alive], 0), True)
+    return stored.filter(pc.invert(dropped)) if pc.any(dropped).as_py() else stored
+
+
+def with_batch_column(table: pa.Table, batch: int) -> pa.Table:
+    return table.append_column(BATCH, pa.repeat(pa.scalar(batch, pa.int64()), table.num_rows))
+
+
+def _prefixed(table: pa.Table, prefix: str) -> pa.Table:
+    return table.rename_columns([prefix + c for c in table.column_names])
+
+
+def _plus(old: pa.ChunkedArray, change: pa.ChunkedArray, t: pa.DataType) -> pa.ChunkedArray:
+    """A sum or count accumulator ``old`` plus the batch's ``change`` (NULL as 0), as
+    ``t``: decimals added exactly (in 256 bits), a result beyond ``t``'s precision an
+    error."""
+    zero = zero_of(t)
+    old, change = pc.fill_null(old, zero), pc.fill_null(change.cast(t), zero)
+    if pa.types.is_decimal(t):
+        wide = pa.decimal256(t.precision, t.scale)
+        old, change = old.cast(wide), change.cast(wide)
+    return pc.add(old, change).cast(t)
+
+
+def _extreme(func: str, a: pa.ChunkedArray, b: pa.ChunkedArray) -> pa.ChunkedArray:
+    """Element-wise ``least``/``greatest`` skipping NULLs, as Spark's (for every ordered
+    type: Arrow's ``min_element_wise`` has no kernel for zoned timestamps)."""
+    pick_b = pc.less(b, a) if func == "min" else pc.greater(b, a)
+    return pc.if_else(pc.is_null(a), b, pc.if_else(pc.fill_null(pick_b, False), b, a))
+
+
+def unsuffix(name: str, aggs: list[tuple[str, str]]) -> str:
+    """A ``group_by().aggregate`` column's name without its ``_<function>`` suffix."""
+    for col, fn in aggs:
+        if name == f"{col}_{fn}":
+            return col
+    return name
+
+
+def arrow_output(keys: list[str] | tuple[str, ...], aggs: tuple[Any, ...], table: pa.Table,
+                 out: pa.Schema) -> pa.Table | None:
+    """The GROUP BY's output Δ (``out``: its columns and ``_w``) from the step's
+    accumulators (``table``): retractions of the old and insertions of the new result rows
+    where they differ, when every
+    value already has its output column's type (the Spark operator's final CAST is the
+    identity; an AVG of integers divides as DOUBLE, as Spark's ``/``); else None."""
+    results = _results(keys, aggs, table, out)
+    if results is None:
+        return None
+    old_v, new_v, old_exists, new_exists, changed = results
+    parts = []
+    for vals, exists, weight in ((old_v, old_exists, -1), (new_v, new_exists, 1)):
+        pick = pc.and_(changed, exists)
+        part = pa.table([v.filter(pick) for v in vals], names=out.names[:-1])
+        parts.append(part.append_column(
+            WEIGHT, pa.array([weight] * part.num_rows, pa.int64())))
+    return concat(parts, out)
+
+
+def arrow_changes(keys: list[str] | tuple[str, ...], aggs: tuple[Any, ...], table: pa.Table,
+                  out: pa.Schema) -> tuple[pa.Table, pa.Table, pa.Array, pa.Array] | None:
+    """The change events of ``arrow_output``'s Δ, read off the accumulators: a group's row
+    holds both its old and its new result, so its retraction and insertion pair up without
+    grouping or sorting the rows (``events.change_events``' work). Per group whose result
+    changed: its old row and its new row (``out``'s columns but ``_w``), and where each is
+    missing (the group was new, or is gone); None where ``arrow_output`` is."""
+    results = _results(keys, aggs, table, out)
+    if results is None:
+        return None
+    old_v, new_v, old_exists, new_exists, changed = results
+    names = out.names[:-1]
+    changed, old_exists, new_exists = (
+        a.combine_chunks() if isinstance(a, pa.ChunkedArray) else a
+        for a in (changed, old_exists, new_exists))
+    return (pa.table([v.filter(changed) for v in old_v], names=names),
+            pa.table([v.filter(changed) for v in new_v], names=names),
+            pc.invert(old_exists.filter(changed)), pc.invert(new_exists.filter(changed)))
+
+
+def arrow_rows(keys: list[str] | tuple[str, ...], aggs: tuple[Any, ...], state: pa.Table,
+               out: pa.Schema) -> pa.Table | None:
+    """The GROUP BY's result rows (``out``'s columns but ``_w``) of its groups' state rows
+    ``state`` (``AggregateStep.logged``'s columns, those of live groups: a bucket's
+    ``Stepped.after``); None where ``arrow_output`` is."""
+    values = _values(list(keys), aggs, state, out, "")
+    return None if values is None else pa.table(values, names=out.names[:-1])
+
+
+def _values(keys: list[str], aggs: tuple[Any, ...], table: pa.Table, out: pa.Schema,
+            side: str) -> list[pa.ChunkedArray] | None:
+    """The result values of the groups of ``table`` (in ``out``'s columns), of its
+    accumulators' ``side`` (``o``: old, ``n``: new; empty: ``table`` is state rows)."""
+    got = [table[k] for k in keys]
+    for i, a in enumerate(aggs):
+        if a.strategy == "count":
+            got.append(table[f"{side}{COUNT}" if a.arg is None else f"{side}c{i}"])
+        elif a.strategy == "sum":
+            total, count = table[f"{side}s{i}"], table[f"{side}c{i}"]
+            if a.func != "sum":
+                t = out.field(len(got)).type
+                if pa.types.is_decimal(total.type) and pa.types.is_decimal(t):
+                    total = _decimal_mean(total, count, t)
+                elif pa.types.is_integer(total.type) or pa.types.is_floating(total.type):
+                    total = pc.divide(total.cast(pa.float64()), count.cast(pa.float64()))
+                else:
+                    return None
+            got.append(pc.if_else(pc.greater(count, 0), total, pa.scalar(None, total.type)))
+        else:  # running or multiset: the value itself
+            got.append(table[f"{side}m{i}"])
+    if any(v.type != f.type for v, f in zip(got, out)):
+        return None
+    return got
+
+
+def _decimal_mean(total: pa.ChunkedArray, count: pa.ChunkedArray, t: pa.DataType
+                  ) -> pa.Array:
+    """Spark's AVG of decimals from their sum and count, as ``t`` (its result type): the
+    quotient rounded half up to 38 places (Spark's ``Decimal./``), then to ``t``'s scale
+    (``DecimalDivideWithOverflowCheck``); NULL for a count of 0."""
+    places, step = Decimal(1).scaleb(-38), Decimal(1).scaleb(-t.scale)
+    values = []
+    with localcontext() as c:
+        c.prec = 160
+        for s, n in zip(total.to_pylist(), count.to_pylist()):
+            values.append(None if s is None or not n else (s / n).quantize(
+                places, ROUND_HALF_UP).quantize(step, ROUND_HALF_UP))
+    return pa.array(values, t)
+
+
+def _results(keys: list[str] | tuple[str, ...], aggs: tuple[Any, ...], table: pa.Table,
+             out: pa.Schema) -> tuple[list, list, Any, Any, Any] | None:
+    """Each group's old and new result values (in ``out``'s columns), whether it existed
+    before and after, and whether its result changed (``arrow_output``)."""
+    keys = list(keys)
+    old_v, new_v = _values(keys, aggs, table, out, "o"), _values(keys, aggs, table, out, "n")
+    if old_v is None or new_v is None:
+        return None
+    if keys:
+        old_exists = pc.fill_null(pc.greater(table[f"o{COUNT}"], 0), False)
+        new_exists = pc.fill_null(pc.greater(table[f"n{COUNT}"], 0), False)
+    else:
+        old_exists = pc.is_valid(table[f"o{COUNT}"])
+        new_exists = pa.repeat(pa.scalar(True), table.num_rows)
+    same = pc.and_(old_exists, new_exists)
+    for a, b in zip(old_v, new_v):
+        same = pc.and_(same, same_values(a, b))
+    changed = pc.and_(table["_touched"], pc.invert(same))
+    # a group that neither existed before nor exists after changes nothing
+    changed = pc.and_(changed, pc.or_(old_exists, new_exists))
+    return old_v, new_v, old_exists, new_exists, changed

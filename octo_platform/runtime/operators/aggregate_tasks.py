@@ -1,4 +1,4 @@
-"""GROUP BY on the Spark path: the kernel (``aggregate_kernel.AggregateStep``) in Spark tasks.
+"""GROUP BY on the Spark path: its step (``aggregate.AggregateStep``) in Spark tasks.
 
 The batch's rows are shuffled once, by the bucket of their group key, and each bucket's
 task reads that bucket's state log files (and nothing else), runs the step, writes each
@@ -26,7 +26,7 @@ row comes out even over no input rows). With ``state_ttl`` a task reads no expir
 row nor its values (the group starts afresh) and a compaction keeps none.
 
 Covered: GROUP BY of types Arrow groups (``aggregate_step``); others (nested types) run as
-``aggregate.Aggregate``'s Spark operators.
+``aggregate_frames.AggregateFrames``' Spark operators.
 """
 from __future__ import annotations
 
@@ -40,14 +40,15 @@ import pyarrow.compute as pc
 from octo_platform.columns import BUCKET, COUNT, WEIGHT
 from octo_platform.physical.plan import PAggregate
 from octo_platform.runtime.operators import bucket_cache
-from octo_platform.runtime.operators.aggregate import Aggregate
-from octo_platform.runtime.operators.aggregate_kernel import (
+from octo_platform.runtime.operators.aggregate import (
     AggregateStep,
     aggregate_step,
     arrow_changes,
     arrow_rows,
     live_rows,
 )
+from octo_platform.runtime.operators.aggregate import shape as aggregate_shape
+from octo_platform.runtime.operators.aggregate_frames import AggregateFrames
 from octo_platform.local_frames import arrow_schema
 from octo_platform.runtime.operators.context import BatchContext, bucket_sql
 from octo_platform.runtime.operators.tasks import (
@@ -81,11 +82,10 @@ def run_aggregate(node: PAggregate, ctx: BatchContext, delta: DataFrame) -> Data
     node, else by the Spark operator."""
     from pyspark.sql.types import LongType, StructField, StructType
 
-    op = Aggregate(node, ctx)
-    shape = op.shape(delta)
+    shape = aggregate_shape(node, ctx, delta)
     step = aggregate_step(node, shape, ctx.batch)
     if step is None:
-        return op.run(delta)
+        return AggregateFrames(node, ctx).run(delta)
     tables = [node.id, *[node.multiset_table(i) for i in step.ms]]
     sink = _sink(node, ctx, step)
     out = StructType([*shape.out_schema.fields, StructField(WEIGHT, LongType())])

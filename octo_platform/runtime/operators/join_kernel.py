@@ -23,7 +23,7 @@ import pyarrow.compute as pc
 
 from octo_platform.columns import COUNT, WEIGHT
 from octo_platform.runtime.operators.arrow import concat, key_join, safe_keys
-from octo_platform.runtime.operators.aggregate_kernel import unsuffix
+from octo_platform.runtime.operators.aggregate import unsuffix
 
 __all__ = ["JoinStep", "Filter", "summed"]
 

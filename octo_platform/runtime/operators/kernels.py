@@ -8,7 +8,7 @@ changes, so a batch reaches the rows of the keys it touches and no others; an en
 version is not the pinned one (a Spark-path batch ran in between, or a retry) is reloaded,
 never trusted. The kernels write the same state tables, in the same format, as the Spark
 path (``aggregate_tasks``, ``join_tasks``), so a run may switch paths between any two
-batches; GROUP BY's and joins' steps (``aggregate_kernel``, ``join_kernel``) are the ones
+batches; GROUP BY's and joins' steps (``aggregate``, ``join_kernel``) are the ones
 the Spark path runs in its tasks. Accumulator types and every SQL expression (output values,
 join keys, residual conditions) come from those operators and are evaluated by Spark over
 local relations (``arrow.spark_eval``).
@@ -26,10 +26,10 @@ from octo_platform.columns import BUCKET, COUNT
 from octo_platform.local_frames import arrow_schema, arrow_type, local_frame
 from octo_platform.physical.plan import PAggregate, PJoin, POver, PSession, PTopN
 from octo_platform.runtime.operators import bucket_cache
-from octo_platform.runtime.operators.aggregate import Aggregate
 from octo_platform.runtime.operators.arrow import concat, local_path, read_parquet, spark_eval
-from octo_platform.runtime.operators.aggregate_kernel import aggregate_step, \
+from octo_platform.runtime.operators.aggregate import aggregate_step, \
     live_rows, newest, with_batch_column
+from octo_platform.runtime.operators.aggregate import shape as aggregate_shape
 from octo_platform.runtime.operators.context import BatchContext, bucket_sql
 from octo_platform.runtime.operators.join import Join
 from octo_platform.runtime.operators.join_kernel import summed
@@ -202,18 +202,17 @@ def _read_files(files: list[dict], schema: pa.Schema) -> pa.Table | None:
 
 
 class AggregateKernel:
-    """GROUP BY with retractions (``aggregate.Aggregate``'s state and output, in Arrow):
-    ``aggregate_kernel.AggregateStep`` over the run's cache of the state."""
+    """GROUP BY with retractions: ``aggregate.AggregateStep`` over the run's cache of the
+    state."""
 
     def __init__(self, node: PAggregate, lc: LocalContext) -> None:
         self.node, self.lc = node, lc
-        self.op = Aggregate(node, lc.ctx)
         self.keys = list(node.keys)
 
     def run(self, delta: pa.Table) -> pa.Table:
         node, lc, keys = self.node, self.lc, self.keys
         shape = lc.once(f"shape:{node.id}:{delta.schema}",
-                        lambda: self.op.shape(lc.frame(delta)))
+                        lambda: aggregate_shape(node, lc.ctx, lc.frame(delta)))
         step = aggregate_step(node, shape, lc.ctx.batch)
         if step is None:
             raise Unsupported("nested types")
