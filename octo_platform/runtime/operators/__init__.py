@@ -10,7 +10,7 @@ One module per operator (``aggregate``, ``join``, ``top_n``, ``session``, ``over
 ``context`` holds what they share; filters, projections and unions are applied here, in
 ``evaluate``. GROUP BY's room (``aggregate``) holds its formula, its state and its step in
 pure Arrow; joins, top-N and SESSION have their steps in pure Arrow beside their Spark
-operators (``join_kernel``, ``partition_steps``). The steps run in Spark tasks, one per
+operators (``join``, ``partition_steps``). The steps run in Spark tasks, one per
 bucket of their state, on this path (``aggregate_tasks``, ``join_tasks``,
 ``partition_tasks``, sharing ``tasks``) and over a state cache in the driver for small
 batches (``kernels``, ``partition_kernel``, for ``runtime/driver.py``), with these

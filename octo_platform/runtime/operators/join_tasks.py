@@ -1,4 +1,4 @@
-"""Joins on the Spark path: the kernel (``join_kernel.JoinStep``) in Spark tasks.
+"""Joins on the Spark path: their step (``join.JoinStep``) in Spark tasks.
 
 Each side's batch rows get their join key and its bucket in Spark SQL (``Join.with_keys``);
 the two sides are co-grouped by bucket (one exchange per side), and each bucket's task reads
@@ -14,7 +14,8 @@ each touched row's candidate matches (``JoinStep.candidates``, tagged ``_part`` 
 left side's, 6 for the right's), whose kept matches are then counted per row
 (``Join.counted``: one more exchange). With ``state_ttl`` each stored row carries the batch
 that wrote it (``_batch``): a task reads no expired row, and a compaction keeps none. Joins
-over columns Arrow does not group (nested types) run as ``join.Join``'s Spark operator.
+over columns Arrow does not group (nested types) run as ``join_frames.JoinFrames``' Spark
+operators.
 """
 from __future__ import annotations
 
@@ -29,8 +30,8 @@ from octo_platform.physical.plan import PJoin
 from octo_platform.local_frames import arrow_schema
 from octo_platform.runtime.operators.arrow import primitive
 from octo_platform.runtime.operators.context import BatchContext, bucket_sql
-from octo_platform.runtime.operators.join import Join
-from octo_platform.runtime.operators.join_kernel import JoinStep, summed
+from octo_platform.runtime.operators.join import Join, JoinStep, summed
+from octo_platform.runtime.operators.join_frames import JoinFrames
 from octo_platform.runtime.state_log import BATCH, unexpired, with_batch
 from octo_platform.runtime.operators.tasks import (
     PART,
@@ -68,7 +69,7 @@ def run_join(node: PJoin, ctx: BatchContext, ldelta: DataFrame, rdelta: DataFram
     if node.ttl_us:  # each stored row's batch
         stored = {s: with_batch(t) for s, t in stored.items()}
     if not all(primitive(f.type) for s in "lr" for f in arrow_schema(stored[s])):
-        return op.run(ldelta, rdelta)
+        return JoinFrames(node, ctx).run(ldelta, rdelta)
     tables = [node.side_table(op.SIDES[s]) for s in "lr"]
     step = op.step()
     deferred = step.unmatched_sides() if node.residual else ""

@@ -8,7 +8,7 @@ changes, so a batch reaches the rows of the keys it touches and no others; an en
 version is not the pinned one (a Spark-path batch ran in between, or a retry) is reloaded,
 never trusted. The kernels write the same state tables, in the same format, as the Spark
 path (``aggregate_tasks``, ``join_tasks``), so a run may switch paths between any two
-batches; GROUP BY's and joins' steps (``aggregate``, ``join_kernel``) are the ones
+batches; GROUP BY's and joins' steps (``aggregate``, ``join``) are the ones
 the Spark path runs in its tasks. Accumulator types and every SQL expression (output values,
 join keys, residual conditions) come from those operators and are evaluated by Spark over
 local relations (``arrow.spark_eval``).
@@ -31,8 +31,7 @@ from octo_platform.runtime.operators.aggregate import aggregate_step, \
     live_rows, newest, with_batch_column
 from octo_platform.runtime.operators.aggregate import shape as aggregate_shape
 from octo_platform.runtime.operators.context import BatchContext, bucket_sql
-from octo_platform.runtime.operators.join import Join
-from octo_platform.runtime.operators.join_kernel import summed
+from octo_platform.runtime.operators.join import Join, summed
 from octo_platform.runtime.operators.keyed_rows import KeyedRows
 from octo_platform.runtime.operators.spark_hash import hashable, spark_hash, spark_pmod
 from octo_platform.runtime.state_log import BATCH, StateFile, compaction, latest, \
@@ -272,7 +271,7 @@ class AggregateKernel:
             lambda files: _latest(files, arrow_schema(with_batch(schema)), key, alive), keys)
 
 class JoinKernel:
-    """Delta-rule joins: ``join_kernel.JoinStep`` over the run's cache of each side's state
+    """Delta-rule joins: ``join.JoinStep`` over the run's cache of each side's state
     (``join.Join``'s layout); the residual condition, join keys and casts are Spark SQL
     over local relations."""
 
