@@ -1,4 +1,4 @@
-"""Top-N's ranking in Arrow (``partition_steps.TopNStep.ranked``, the driver path's and the
+"""Top-N's ranking in Arrow (``top_n.TopNStep.ranked``, the driver path's and the
 Spark tasks') numbers rows as Spark's ``row_number()`` does: ORDER BY's directions and NULL
 placement, NaN above every number, -0.0 equal to 0.0, NULL and NaN partition keys, rows of
 multiplicity above one."""
@@ -12,7 +12,7 @@ import pyarrow as pa
 from octo_platform.columns import WEIGHT
 from octo_platform.logical.plan import SortKey
 from octo_platform.physical.plan import PSource, PTopN
-from octo_platform.runtime.operators.partition_steps import TopNStep
+from octo_platform.runtime.operators.top_n import TopNStep
 from tests.oracle import norm
 
 COLUMNS = ("p", "x", "y", "s")

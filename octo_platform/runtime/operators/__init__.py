@@ -6,16 +6,17 @@ the pipeline writes all staged changes in one job and commits them after the bat
 Aggregates and joins keep their state as a log of changes (``state_log``); top-N, session
 windows and sliding-range aggregates rewrite the hash buckets their partitions fall in.
 
-One module per operator (``aggregate``, ``join``, ``top_n``, ``session``, ``over``);
-``context`` holds what they share; filters, projections and unions are applied here, in
-``evaluate``. GROUP BY's room (``aggregate``) holds its formula, its state and its step in
-pure Arrow; joins, top-N and SESSION have their steps in pure Arrow beside their Spark
-operators (``join``, ``partition_steps``). The steps run in Spark tasks, one per
-bucket of their state, on this path (``aggregate_tasks``, ``join_tasks``,
-``partition_tasks``, sharing ``tasks``) and over a state cache in the driver for small
-batches (``kernels``, ``partition_kernel``, for ``runtime/driver.py``), with these
-operators' state, SQL and formulas; OVER has a driver kernel too (``partition_kernel``);
-``arrow`` holds the driver's helpers.
+One room per operator: ``aggregate`` (GROUP BY), ``join``, ``top_n``, ``session`` (SESSION
+windows), each with its incremental formula (in its docstring), its state layout and its
+step in pure Arrow; ``over`` (sliding OVER ranges) holds its formula as Spark window
+functions. Two schedulers run the steps: Spark tasks, one per bucket of the state, on this
+path (``aggregate_tasks``, ``join_tasks``, ``partition_tasks``, sharing ``tasks``), and the
+driver over its state cache for small batches (``kernels``, ``partition_kernel``, for
+``runtime/driver.py``). Inputs of types Arrow cannot group or sort (nested types) run as
+the same formula in Spark SQL (``aggregate_frames``, ``join_frames``, ``top_n_frames``,
+``session_frames``). ``context`` holds what they share; ``partition_steps`` what top-N's
+and SESSION's steps share; ``arrow`` the Arrow helpers; filters, projections and unions
+are applied here, in ``evaluate``.
 """
 from __future__ import annotations
 

@@ -5,7 +5,7 @@ over the run's state cache.
 The state is ``PartitionRows``' table, written the same way: the input's rows with their
 multiplicity, bucketed by the hash of the partition key, a touched bucket's files replaced
 by its new rows. The cache finds a bucket's rows by ``_bucket``. Top-N and SESSION run
-their Arrow steps (``partition_steps``, which Spark tasks run too). OVER's aggregates are
+their Arrow steps (``top_n``, ``session``, which Spark tasks run too). OVER's aggregates are
 Spark's own window functions over a local relation of the touched partitions' rows (one
 small Spark job).
 """
@@ -25,8 +25,9 @@ from octo_platform.runtime.operators.arrow import concat, key_join, local_path, 
 from octo_platform.runtime.operators.context import bucket_sql, positional, side_schema
 from octo_platform.runtime.operators.kernels import LocalContext, StagedRows, Unsupported
 from octo_platform.runtime.operators.over import OverRange
-from octo_platform.runtime.operators.partition_steps import SessionStep, TopNStep, \
-    consolidated, is_micros, touched
+from octo_platform.runtime.operators.partition_steps import consolidated, is_micros, touched
+from octo_platform.runtime.operators.session import SessionStep
+from octo_platform.runtime.operators.top_n import TopNStep
 from octo_platform.runtime.state_log import StateFile
 from octo_platform.sqltext import quote
 
@@ -120,7 +121,7 @@ class PartitionState:
 
 
 class TopNKernel:
-    """``top_n.TopN`` in Arrow (``partition_steps.TopNStep``) over the run's cache."""
+    """Top-N's step (``top_n.TopNStep``) over the run's cache."""
 
     def __init__(self, node: PTopN, lc: LocalContext) -> None:
         self.node, self.lc = node, lc
@@ -138,8 +139,7 @@ class TopNKernel:
 
 
 class SessionKernel:
-    """``session.Sessions`` in Arrow (``partition_steps.SessionStep``) over the run's
-    cache."""
+    """SESSION's step (``session.SessionStep``) over the run's cache."""
 
     def __init__(self, node: PSession, lc: LocalContext) -> None:
         self.node, self.lc = node, lc

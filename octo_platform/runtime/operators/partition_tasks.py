@@ -1,4 +1,4 @@
-"""Top-N and SESSION windows on the Spark path: their steps (``partition_steps``) in Spark
+"""Top-N and SESSION windows on the Spark path: their steps (``top_n``, ``session``) in Spark
 tasks, one per bucket of the state the batch touches.
 
 The batch's rows are shuffled once, by the bucket of their partition key; each bucket's task
@@ -10,7 +10,7 @@ bucket is left empty). The commit replaces the files of the buckets the tasks na
 files, and no job runs beforehand to find which buckets the batch touches.
 
 Covered: inputs of types Arrow groups and sorts, SESSION over a TIMESTAMP; others run as
-``top_n.TopN``'s and ``session.Sessions``' Spark operators.
+``top_n_frames.TopNFrames``' and ``session_frames.SessionFrames``' Spark operators.
 """
 from __future__ import annotations
 
@@ -28,12 +28,13 @@ from octo_platform.physical.plan import PSession, PTopN
 from octo_platform.runtime.operators.arrow import concat, primitive
 from octo_platform.runtime.operators.context import BatchContext, StagedWrite, bucket_sql, \
     positional, side_schema
-from octo_platform.runtime.operators.partition_steps import SessionStep, TopNStep, \
-    consolidated, is_micros
-from octo_platform.runtime.operators.session import Sessions
+from octo_platform.runtime.operators.partition_steps import consolidated, is_micros
+from octo_platform.runtime.operators.session import SessionStep
+from octo_platform.runtime.operators.session_frames import SessionFrames
 from octo_platform.runtime.operators.tasks import PART, Log, LogFiles, bucket_logs, grouped, \
     log_files, read_bucket, run_group, tagged, tagged_schema
-from octo_platform.runtime.operators.top_n import TopN
+from octo_platform.runtime.operators.top_n import TopNStep
+from octo_platform.runtime.operators.top_n_frames import TopNFrames
 from octo_platform.sqltext import quote
 
 if TYPE_CHECKING:
@@ -53,7 +54,7 @@ def run_partitioned(node: PTopN | PSession, ctx: BatchContext, delta: DataFrame
     weighted = arrow_schema(rows.schema)
     if not all(primitive(f.type) for f in weighted) or session and not is_micros(
             weighted.field(node.time).type):
-        return (Sessions(node, ctx) if session else TopN(node, ctx)).run(delta)
+        return (SessionFrames(node, ctx) if session else TopNFrames(node, ctx)).run(delta)
     step = SessionStep.of(node) if session else TopNStep.of(node)
     stored = side_schema(rows.schema, names)
     schema = tagged_schema(_output(node, rows.schema))
