@@ -28,7 +28,7 @@ from octo_platform.physical.plan import PAggregate, PJoin, PNode, POver, PSessio
     PStateless, PTopN, PUnion
 from octo_platform.runtime.operators import apply_steps
 from octo_platform.runtime.operators.aggregate import result_frame
-from octo_platform.runtime.operators.over import OverRange
+from octo_platform.runtime.operators.over_frames import OverRange
 from octo_platform.sqltext import quote
 
 if TYPE_CHECKING:

@@ -49,7 +49,6 @@ from octo_platform.runtime.operators.context import (
     touched_buckets,
 )
 from octo_platform.runtime.operators.join_tasks import run_join
-from octo_platform.runtime.operators.over import OverRange
 from octo_platform.runtime.operators.partition_tasks import run_partitioned
 
 if TYPE_CHECKING:
@@ -76,10 +75,8 @@ def evaluate(node: PNode, ctx: BatchContext) -> DataFrame:
         return run_aggregate(node, ctx, evaluate(node.input, ctx))
     if isinstance(node, PJoin):
         return run_join(node, ctx, evaluate(node.left, ctx), evaluate(node.right, ctx))
-    if isinstance(node, (PTopN, PSession)):
+    if isinstance(node, (PTopN, PSession, POver)):
         return run_partitioned(node, ctx, evaluate(node.input, ctx))
-    if isinstance(node, POver):
-        return OverRange(node, ctx).run(evaluate(node.input, ctx))
     raise TypeError(f"no runtime for {type(node).__name__}")
 
 

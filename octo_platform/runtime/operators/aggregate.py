@@ -55,7 +55,7 @@ if TYPE_CHECKING:
 
 __all__ = ["Shape", "shape", "result_frame", "AggregateStep", "Stepped", "aggregate_step",
            "arrow_output", "arrow_changes", "arrow_rows", "newest", "live_rows", "unsuffix",
-           "with_batch_column"]
+           "with_batch_column", "decimal_mean"]
 
 _ROW = "__octo_row"  # a state row's position, kept through a join
 
@@ -513,7 +513,7 @@ def _values(keys: list[str], aggs: tuple[Any, ...], table: pa.Table, out: pa.Sch
             if a.func != "sum":
                 t = out.field(len(got)).type
                 if pa.types.is_decimal(total.type) and pa.types.is_decimal(t):
-                    total = _decimal_mean(total, count, t)
+                    total = decimal_mean(total, count, t)
                 elif pa.types.is_integer(total.type) or pa.types.is_floating(total.type):
                     total = pc.divide(total.cast(pa.float64()), count.cast(pa.float64()))
                 else:
@@ -526,7 +526,7 @@ def _values(keys: list[str], aggs: tuple[Any, ...], table: pa.Table, out: pa.Sch
     return got
 
 
-def _decimal_mean(total: pa.ChunkedArray, count: pa.ChunkedArray, t: pa.DataType
+def decimal_mean(total: pa.ChunkedArray, count: pa.ChunkedArray, t: pa.DataType
                   ) -> pa.Array:
     """Spark's AVG of decimals from their sum and count, as ``t`` (its result type): the
     quotient rounded half up to 38 places (Spark's ``Decimal./``), then to ``t``'s scale

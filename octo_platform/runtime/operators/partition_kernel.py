@@ -1,13 +1,11 @@
 """Top-N, SESSION windows and sliding OVER ranges on the driver path (``runtime/driver.py``):
 the operators that recompute the partitions a batch touches (``context.PartitionRows``),
-over the run's state cache.
+their steps over the run's state cache.
 
 The state is ``PartitionRows``' table, written the same way: the input's rows with their
 multiplicity, bucketed by the hash of the partition key, a touched bucket's files replaced
-by its new rows. The cache finds a bucket's rows by ``_bucket``. Top-N and SESSION run
-their Arrow steps (``top_n``, ``session``, which Spark tasks run too). OVER's aggregates are
-Spark's own window functions over a local relation of the touched partitions' rows (one
-small Spark job).
+by its new rows. The cache finds a bucket's rows by ``_bucket``. Each runs its Arrow step
+(``top_n``, ``session``, ``over``), which Spark tasks run too.
 """
 from __future__ import annotations
 
@@ -20,12 +18,12 @@ import pyarrow.compute as pc
 from octo_platform.columns import BUCKET, COUNT, WEIGHT
 from octo_platform.physical.plan import POver, PPartitioned, PSession, PTopN
 from octo_platform.local_frames import arrow_schema
-from octo_platform.runtime.operators.arrow import concat, key_join, local_path, primitive, \
-    read_parquet, safe_keys
+from octo_platform.runtime.operators.arrow import concat, local_path, primitive, read_parquet
 from octo_platform.runtime.operators.context import bucket_sql, positional, side_schema
 from octo_platform.runtime.operators.kernels import LocalContext, StagedRows, Unsupported
-from octo_platform.runtime.operators.over import OverRange
-from octo_platform.runtime.operators.partition_steps import consolidated, is_micros, touched
+from octo_platform.runtime.operators.over import OverStep
+from octo_platform.runtime.operators.over_frames import OverRange
+from octo_platform.runtime.operators.partition_steps import consolidated, is_micros
 from octo_platform.runtime.operators.session import SessionStep
 from octo_platform.runtime.operators.top_n import TopNStep
 from octo_platform.runtime.state_log import StateFile
@@ -160,60 +158,26 @@ class SessionKernel:
 
 
 class OverKernel:
-    """``over.OverRange`` on the driver path: the touched partitions' rows before and after
-    the batch, in one local relation, get their sliding-range aggregates from Spark's own
-    window functions (one small Spark job: a window is no projection Spark folds into the
-    relation); rows before a partition's earliest changed time keep their values, the
-    others' differences are the output."""
-
-    SIDE = "_side"
+    """A sliding OVER range's step (``over.OverStep``) over the run's cache; its output's
+    types are Spark's window functions' (planned once per run, not run)."""
 
     def __init__(self, node: POver, lc: LocalContext) -> None:
         self.node, self.lc = node, lc
         self.names = list(node.input.columns)
-        self.op = OverRange(node, lc.ctx)
 
     def run(self, delta: pa.Table) -> pa.Table:
-        node, lc, names = self.node, self.lc, self.names
-        delta = delta.rename_columns([*names, WEIGHT])
-        micros(delta.schema.field(node.time).type)
-        state = PartitionState(node, lc, delta)
-        sided = delta.append_column(self.SIDE, pa.array(np.zeros(delta.num_rows, np.int8)))
+        node, lc = self.node, self.lc
+        delta = delta.rename_columns([*self.names, WEIGHT])
         out = lc.once(f"over:{node.id}:{delta.schema}", lambda: arrow_schema(
-            self.op.compute(lc.frame(sided), self.SIDE).schema))
-        result = out.remove(out.get_field_index(self.SIDE))
+            OverRange(node, lc.ctx).compute(lc.frame(delta.slice(0, 0))).schema))
+        step = OverStep.of(node, delta.schema, out)
+        if step is None:
+            raise Unsupported("SUM or AVG of floating-point numbers, or a time column of "
+                              f"type {delta.schema.field(node.time).type}")
+        state = PartitionState(node, lc, delta)
         loaded = state.load(delta)
         if loaded is None:
-            return result.empty_table()
-        d, old, new = loaded
-        keep = new
-        if node.closes and lc.ctx.watermark is not None:  # no row on time reaches back
-            t = pc.cast(new[node.time], pa.int64())
-            keep = new.filter(pc.fill_null(pc.or_kleene(pc.is_null(t), pc.greater_equal(
-                t, lc.ctx.watermark - node.range_us)), False))
+            return out.empty_table()
+        got, keep = step.run(*loaded, lc.ctx.watermark)
         state.store(keep)
-        old, new = touched(node.partition, d, old, new)
-        both = concat([t.select([*names, WEIGHT]).append_column(self.SIDE, pa.array(
-            np.full(t.num_rows, side, np.int8))) for side, t in ((0, old), (1, new))],
-            sided.schema)
-        computed = lc.sql(f"{node.id}:over", both, lambda df: self.op.compute(df, self.SIDE))
-        computed = self.since(d, computed)
-        side = computed[self.SIDE].to_numpy()
-        weight = np.where(side == 1, 1, -1).astype(np.int64)
-        rows = computed.drop_columns([self.SIDE]).set_column(
-            len(result) - 1, WEIGHT, pa.array(weight))
-        return consolidated(rows, list(result.names[:-1]))
-
-    def since(self, d: pa.Table, rows: pa.Table) -> pa.Table:
-        """The ``rows`` at or after their partition's earliest time in ``d`` (a NULL time
-        is a peer of NULLs only: always kept)."""
-        node = self.node
-        part, t = list(node.partition), node.time
-        first = d.group_by(part, use_threads=False).aggregate([(t, "min")]) if part else \
-            pa.table({f"{t}_min": pa.array([pc.min(d[t]).as_py()], d.schema.field(t).type)})
-        left, lkeys = safe_keys(rows, part, "_l")
-        right, rkeys = safe_keys(first, part, "_r")
-        joined = key_join(left, right.select([*rkeys, f"{t}_min"]), lkeys, rkeys, "inner")
-        keep = pc.fill_null(pc.or_kleene(pc.is_null(joined[t]), pc.greater_equal(
-            joined[t], joined[f"{t}_min"])), False)
-        return joined.filter(keep).select(rows.column_names)
+        return got

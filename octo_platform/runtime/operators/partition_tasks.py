@@ -1,5 +1,5 @@
-"""Top-N and SESSION windows on the Spark path: their steps (``top_n``, ``session``) in Spark
-tasks, one per bucket of the state the batch touches.
+"""Top-N, SESSION windows and sliding OVER ranges on the Spark path: their steps (``top_n``,
+``session``, ``over``) in Spark tasks, one per bucket of the state the batch touches.
 
 The batch's rows are shuffled once, by the bucket of their partition key; each bucket's task
 reads that bucket's state files (and nothing else), runs the step over the bucket's rows
@@ -9,8 +9,9 @@ bucket is left empty). The commit replaces the files of the buckets the tasks na
 (``StagedWrite.replace_reported``): a bucket whose partitions all left the state loses its
 files, and no job runs beforehand to find which buckets the batch touches.
 
-Covered: inputs of types Arrow groups and sorts, SESSION over a TIMESTAMP; others run as
-``top_n_frames.TopNFrames``' and ``session_frames.SessionFrames``' Spark operators.
+Covered: inputs of types Arrow groups and sorts, SESSION and OVER over a TIMESTAMP, OVER's
+aggregates ``over.OverStep`` computes; others run as ``top_n_frames.TopNFrames``',
+``session_frames.SessionFrames``' and ``over_frames.OverRange``'s Spark operators.
 """
 from __future__ import annotations
 
@@ -24,11 +25,13 @@ import pyarrow as pa
 from octo_platform.columns import BUCKET, COUNT, WEIGHT
 from octo_platform.local_frames import arrow_schema
 from octo_platform.logical.plan import WINDOW_COLUMNS
-from octo_platform.physical.plan import PSession, PTopN
+from octo_platform.physical.plan import POver, PSession, PTopN
 from octo_platform.runtime.operators.arrow import concat, primitive
 from octo_platform.runtime.operators.context import BatchContext, StagedWrite, bucket_sql, \
     positional, side_schema
 from octo_platform.runtime.operators.partition_steps import consolidated, is_micros
+from octo_platform.runtime.operators.over import OverStep
+from octo_platform.runtime.operators.over_frames import OverRange
 from octo_platform.runtime.operators.session import SessionStep
 from octo_platform.runtime.operators.session_frames import SessionFrames
 from octo_platform.runtime.operators.tasks import PART, Log, LogFiles, bucket_logs, grouped, \
@@ -42,22 +45,22 @@ if TYPE_CHECKING:
 
 __all__ = ["run_partitioned"]
 
-def run_partitioned(node: PTopN | PSession, ctx: BatchContext, delta: DataFrame
+def run_partitioned(node: PTopN | PSession | POver, ctx: BatchContext, delta: DataFrame
                     ) -> DataFrame:
-    """The output Δ of top-N or SESSION ``node``: by its step in Spark tasks where it
+    """The output Δ of top-N, SESSION or OVER ``node``: by its step in Spark tasks where it
     covers the node, else by the Spark operator."""
     names = list(node.input.columns)
     rows = delta.toDF(*names, WEIGHT)
-    session = isinstance(node, PSession)
-    if session:
+    if isinstance(node, PSession):
         rows = rows.filter(f"{quote(node.time)} IS NOT NULL")
+    step = _step(node, ctx, rows)
+    if step is None:
+        frames = SessionFrames if isinstance(node, PSession) else \
+            OverRange if isinstance(node, POver) else TopNFrames
+        return frames(node, ctx).run(delta)
     weighted = arrow_schema(rows.schema)
-    if not all(primitive(f.type) for f in weighted) or session and not is_micros(
-            weighted.field(node.time).type):
-        return (SessionFrames(node, ctx) if session else TopNFrames(node, ctx)).run(delta)
-    step = SessionStep.of(node) if session else TopNStep.of(node)
     stored = side_schema(rows.schema, names)
-    schema = tagged_schema(_output(node, rows.schema))
+    schema = tagged_schema(_output(node, ctx, rows))
     (log,), _ = bucket_logs(ctx, [node.id])
     (files,) = log_files(ctx, [node.id], [stored])
     task = _PartitionTask(step, log, files, weighted, arrow_schema(schema), ctx.reader,
@@ -71,10 +74,27 @@ def run_partitioned(node: PTopN | PSession, ctx: BatchContext, delta: DataFrame
     return out.filter(f"{PART} = 0").selectExpr("o.*")
 
 
-def _output(node: PTopN | PSession, rows: Any) -> Any:
-    """The Spark schema of the step's output Δ (``rows``: the input's, weighted)."""
+def _step(node: PTopN | PSession | POver, ctx: BatchContext, rows: DataFrame
+          ) -> TopNStep | SessionStep | OverStep | None:
+    """The step of ``node`` over ``rows`` (the input's, weighted), or None where it does
+    not cover them."""
+    weighted = arrow_schema(rows.schema)
+    if isinstance(node, POver):
+        return OverStep.of(node, weighted, arrow_schema(_output(node, ctx, rows)))
+    if not all(primitive(f.type) for f in weighted):
+        return None
+    if isinstance(node, PSession):
+        return SessionStep.of(node) if is_micros(weighted.field(node.time).type) else None
+    return TopNStep.of(node)
+
+
+def _output(node: PTopN | PSession | POver, ctx: BatchContext, rows: DataFrame) -> Any:
+    """The Spark schema of the step's output Δ (``rows``: the input, weighted)."""
     from pyspark.sql.types import IntegerType, LongType, StructField, StructType
 
+    if isinstance(node, POver):  # Spark's window functions' types (planned, not run)
+        return OverRange(node, ctx).compute(rows.limit(0)).schema
+    rows = rows.schema
     fields = list(rows.fields[:-1])
     if isinstance(node, PSession):
         time = rows[node.time].dataType
@@ -91,7 +111,7 @@ class _PartitionTask:
     """The ``applyInArrow`` function (runs in Spark tasks): one bucket's rows of the batch
     -> that bucket's tagged output (see the module docstring)."""
 
-    step: TopNStep | SessionStep
+    step: TopNStep | SessionStep | OverStep
     table: Log
     files: LogFiles  # the state's columns (``c0``, ..., ``_n``) and where the task writes
     rows: pa.Schema  # the input's columns, weighted
