@@ -7,16 +7,17 @@ Aggregates and joins keep their state as a log of changes (``state_log``); top-N
 windows and sliding-range aggregates rewrite the hash buckets their partitions fall in.
 
 One room per operator: ``aggregate`` (GROUP BY), ``join``, ``top_n``, ``session`` (SESSION
-windows), each with its incremental formula (in its docstring), its state layout and its
-step in pure Arrow; ``over`` (sliding OVER ranges) holds its formula as Spark window
-functions. Two schedulers run the steps: Spark tasks, one per bucket of the state, on this
-path (``aggregate_tasks``, ``join_tasks``, ``partition_tasks``, sharing ``tasks``), and the
-driver over its state cache for small batches (``kernels``, ``partition_kernel``, for
-``runtime/driver.py``). Inputs of types Arrow cannot group or sort (nested types) run as
-the same formula in Spark SQL (``aggregate_frames``, ``join_frames``, ``top_n_frames``,
-``session_frames``). ``context`` holds what they share; ``partition_steps`` what top-N's
-and SESSION's steps share; ``arrow`` the Arrow helpers; filters, projections and unions
-are applied here, in ``evaluate``.
+windows), ``over`` (sliding OVER ranges), each with its incremental formula (in its
+docstring), its state layout and its step in pure Arrow. Two schedulers run the steps:
+Spark tasks, one per bucket of the state, on this path (``aggregate_tasks``,
+``join_tasks``, ``partition_tasks``, sharing ``tasks``), and the driver over its state
+cache for small batches (``kernels``, ``partition_kernel``, for ``runtime/driver.py``).
+Inputs of types Arrow cannot group or sort (nested types) run as the same formula in Spark
+SQL (``aggregate_frames``, ``join_frames``, ``top_n_frames``, ``session_frames``,
+``over_frames``; the last also for OVER's sums of floating-point numbers). ``context``
+holds what they share, ``partition_steps`` what top-N's, SESSION's and OVER's steps share,
+``arrow`` the Arrow helpers; filters, projections and unions are applied here, in
+``evaluate``.
 """
 from __future__ import annotations
 
