@@ -12,9 +12,8 @@ option) runs here instead of in a Spark job:
    read; record counts and dead letters are observed by it as on the Spark path);
 2. stateless steps run as Spark SQL over the batch's rows (Spark's semantics: over a few
    thousand rows a local relation, no job; over more, one small job: ``local_frames``) and
-   stateful operators as kernels over the run's state cache (``operators/kernels.py``,
-   ``operators/partition_kernel.py``; a sliding OVER range's window functions run as one
-   small job over a local relation);
+   stateful operators as their Arrow steps over the run's state cache
+   (``operators/kernels.py``, ``operators/partition_kernel.py``);
 3. the change events, the operators' state changes and the current-state buckets the
    events fall in are written with Arrow and committed with delta-rs, each table once
    with the batch's app transaction, exactly as the Spark path commits them.
