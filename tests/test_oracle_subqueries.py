@@ -31,6 +31,11 @@ TABLES = {
         FROM a_cdc a""",
     "corr_rank_join": """SELECT a.id, b.id AS bid, (SELECT COUNT(*) FROM c_app x
         WHERE x.v < b.v) AS r FROM a_cdc a, b_cdc b WHERE a.k = b.k""",
+    # two inequalities over a column with NULLs, beside an EXISTS (sqllogictest's select2
+    # shape: the COUNT's non-nullable column padded by the outer join in the driver)
+    "corr_two_ineq": """SELECT a.id, (SELECT COUNT(*) FROM a_cdc AS x WHERE x.v > a.v
+        AND x.k < a.k) AS n, a.v - a.k AS dv FROM a_cdc a
+        WHERE a.v > a.k AND EXISTS (SELECT 1 FROM a_cdc AS x WHERE x.d < a.d)""",
     "corr_mixed": """SELECT a.id, CASE WHEN (SELECT MAX(b.v) FROM b_cdc b WHERE b.k = a.k
         AND b.d > a.d) > 50 THEN 'hi' ELSE 'lo' END AS c FROM a_cdc a""",
     # IN / EXISTS under OR and in SELECT (NOT IN with its NULLs: v % 13 is NULL at times);

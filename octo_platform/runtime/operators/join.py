@@ -94,12 +94,14 @@ class JoinStep:
             self.kind, "")
 
     def out_schema(self, sides: dict[str, pa.Table], both: bool = False) -> pa.Schema:
-        """The output's columns (each side's rows as ``sides`` type them; the left's only
-        for semi and anti joins, unless ``both``) and ``_w``."""
+        """The output's columns (each side's rows as ``sides`` type them, every one
+        nullable: an outer join pads a side's non-nullable COUNT with NULLs; the left's
+        only for semi and anti joins, unless ``both``) and ``_w``."""
         fields = [sides["l"].schema.field(n) for n in self.names["l"]]
         if both or self.kind not in ("semi", "anti"):
             fields += [sides["r"].schema.field(n) for n in self.names["r"]]
-        return pa.schema([*fields, pa.field(WEIGHT, pa.int64())])
+        return pa.schema([*(f.with_nullable(True) for f in fields),
+                          pa.field(WEIGHT, pa.int64())])
 
     def row(self, s: str) -> list[str]:
         """A side's stored row: its columns, weight and keys (``Join.side_state``'s order)."""

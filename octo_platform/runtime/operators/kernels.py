@@ -9,8 +9,8 @@ version is not the pinned one (a Spark-path batch ran in between, or a retry) is
 never trusted. The kernels write the same state tables, in the same format, as the Spark
 path (``aggregate_tasks``, ``join_tasks``), so a run may switch paths between any two
 batches; GROUP BY's and joins' steps (``aggregate``, ``join``) are the ones
-the Spark path runs in its tasks. Accumulator types and every SQL expression (output values,
-join keys, residual conditions) come from those operators and are evaluated by Spark over
+the Spark path runs in its tasks. Result types come from Spark's analysis (once per run),
+and the SQL expressions left (join keys, residual conditions) are evaluated by Spark over
 local relations (``arrow.spark_eval``).
 """
 from __future__ import annotations
