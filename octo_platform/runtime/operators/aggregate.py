@@ -119,7 +119,6 @@ def result_frame(node: Any, delta: DataFrame) -> DataFrame:
         empty.selectExpr(*keys)
 
 
-
 @dataclass
 class Stepped:
     """What a step made: the accumulators of every touched group (``table``), the state
