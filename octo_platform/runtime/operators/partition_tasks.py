@@ -92,8 +92,11 @@ def _output(node: PTopN | PSession | POver, ctx: BatchContext, rows: DataFrame) 
     """The Spark schema of the step's output Δ (``rows``: the input, weighted)."""
     from pyspark.sql.types import IntegerType, LongType, StructField, StructType
 
-    if isinstance(node, POver):  # Spark's window functions' types (planned, not run)
-        return OverRange(node, ctx).compute(rows.limit(0)).schema
+    if isinstance(node, POver):  # Spark's window functions' types (planned once per run)
+        key = f"{node.id}:out:{rows.schema.simpleString()}"
+        if key not in ctx.memo:
+            ctx.memo[key] = OverRange(node, ctx).compute(rows.limit(0)).schema
+        return ctx.memo[key]
     rows = rows.schema
     fields = list(rows.fields[:-1])
     if isinstance(node, PSession):
