@@ -47,7 +47,7 @@ from octo_platform.local_frames import arrow_schema
 from octo_platform.runtime.operators.arrow import concat, key_join, primitive, safe_keys, \
     zero_of
 from octo_platform.runtime.operators.keyed_rows import same_values
-from octo_platform.runtime.state_log import BATCH, StateFile, generation
+from octo_platform.runtime.state_log import BATCH, StateFile, generation, unexpired
 from octo_platform.sqltext import quote, sql_expr
 
 if TYPE_CHECKING:
@@ -185,8 +185,8 @@ class AggregateStep:
         for i in self.ms:
             values, stale = ms_before[i], None
             if forgets:
-                values, stale = self.of_groups(values, before), \
-                    self.of_groups(values, before, "left anti")
+                live = self.in_groups(values, before)
+                values, stale = values.filter(live), values.filter(~live)
             d, ms[i] = self.with_multiset(d, i, delta, values, stale)
         dk, dcols = safe_keys(_prefixed(d, "d."), [f"d.{k}" for k in keys], "_d")
         ok, ocols = safe_keys(_prefixed(before, "o."), [f"o.{k}" for k in keys], "_o")
@@ -208,16 +208,35 @@ class AggregateStep:
         live = changes.filter(pc.not_equal(changes[COUNT], 0))
         return Stepped(table, changes, concat([kept, live], self.logged), ms)
 
-    def of_groups(self, rows: pa.Table, groups: pa.Table, how: str = "left semi"
-                  ) -> pa.Table:
-        """``rows`` (of a multiset) of the groups that have a row in ``groups`` (``how``
-        ``left anti``: that have none)."""
+    def in_groups(self, rows: pa.Table, groups: pa.Table) -> np.ndarray:
+        """Per row of ``rows`` (of a multiset), whether its group has a row in ``groups``."""
         keys = list(self.keys)
         if not keys:
-            return rows if bool(groups.num_rows) == (how == "left semi") else rows.slice(0, 0)
-        mine, mcols = safe_keys(rows, keys, "_m")
+            return np.full(rows.num_rows, bool(groups.num_rows))
+        mine, mcols = safe_keys(rows.select(keys).append_column(
+            _ROW, pa.array(np.arange(rows.num_rows, dtype=np.int64))), keys, "_m")
         live, lcols = safe_keys(groups.select(keys), keys, "_g")
-        return key_join(mine, live.select(lcols), mcols, lcols, how).select(rows.column_names)
+        found = np.zeros(rows.num_rows, bool)
+        found[key_join(mine, live.select(lcols), mcols, lcols, "left semi")[_ROW]
+              .to_numpy()] = True
+        return found
+
+    def of_groups(self, rows: pa.Table, groups: pa.Table) -> pa.Table:
+        """``rows`` (of a multiset) of the groups that have a row in ``groups``."""
+        return rows.filter(pa.array(self.in_groups(rows, groups)))
+
+    def kept(self, rows: pa.Table, mark: int | None, cut: int | None,
+             groups: pa.Table | None = None) -> pa.Table:
+        """What a compaction (and the driver's cache) keeps of live state rows ``rows``, or,
+        given ``groups`` (the live state rows), of a multiset's: those of windows the
+        watermark ``mark`` has not closed; with ``state_ttl``'s ``cut``, of the groups it
+        has not forgotten."""
+        rows = self.open_rows(rows, mark)
+        if cut is None:
+            return rows
+        if groups is None:
+            return unexpired(rows, cut)
+        return self.of_groups(rows, self.kept(groups, mark, cut))
 
     def open_rows(self, rows: pa.Table, mark: int | None) -> pa.Table:
         """``rows`` (of the state or a multiset) whose window the watermark ``mark`` has not
@@ -525,8 +544,8 @@ def _values(keys: list[str], aggs: tuple[Any, ...], table: pa.Table, out: pa.Sch
     return got
 
 
-def decimal_mean(total: pa.ChunkedArray, count: pa.ChunkedArray, t: pa.DataType
-                  ) -> pa.Array:
+def decimal_mean(total: pa.Array | pa.ChunkedArray, count: pa.Array | pa.ChunkedArray,
+                 t: pa.DataType) -> pa.Array:
     """Spark's AVG of decimals from their sum and count, as ``t`` (its result type): the
     quotient rounded half up to 38 places (Spark's ``Decimal./``), then to ``t``'s scale
     (``DecimalDivideWithOverflowCheck``); NULL for a count of 0."""

@@ -214,17 +214,11 @@ class _BucketTask:
         for j, (changes, before, mine) in enumerate(zip(changed, befores, files)):
             due = bucket in self.due[j]
             mine_parts = log_parts(j, self.files[j], bucket, changes, mine, due,
-                                   lambda b=before, j=j: self.kept(b, j, befores[0]))
+                                   lambda b=before, j=j: step.kept(
+                                       b, self.marks[1], self.cut, befores[0] if j else None))
             if keep and mine_parts:  # the files the commit leaves the bucket, and their rows
                 wrote = [p for _, _, t in mine_parts for p in t.column("path").to_pylist()]
                 kept = [] if due or not mine else [f["path"] for f in mine]
                 bucket_cache.keep(self.tables[j][0], bucket, kept + wrote, done.after)
             parts += mine_parts
         return tagged(self.out, parts, bucket)
-
-    def kept(self, rows: pa.Table, j: int, groups: pa.Table) -> pa.Table:
-        """What a compaction of state table ``j``'s bucket keeps of its live ``rows``: those
-        of open windows; of a multiset, with ``state_ttl``, only the values of ``groups``
-        (the live state rows)."""
-        rows = self.step.open_rows(rows, self.marks[1])
-        return self.step.of_groups(rows, groups) if j and self.cut is not None else rows

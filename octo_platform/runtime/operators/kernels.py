@@ -239,21 +239,17 @@ class AggregateKernel:
             ms_before = {i: f.rows for i, f in found.items() if i is not None}
         done = step.run(delta, before, ms_before, keep_after=whole, forgets=cut is not None)
 
-        def kept(rows: pa.Table) -> pa.Table:  # a closed window's group is never touched
-            return unexpired(step.open_rows(rows, marks[1]), cut)
-
-        def kept_values(rows: pa.Table, groups: pa.Table) -> pa.Table:  # of live groups
-            rows = step.open_rows(rows, marks[1])
-            return rows if cut is None else step.of_groups(rows, kept(groups))
+        def kept(rows: pa.Table, groups: pa.Table | None = None) -> pa.Table:
+            return step.kept(rows, marks[1], cut, groups)
         lc.fresh[node.id] = KeyedRows(kept(done.after), keys) if whole else state.replace(
             found[None], done.changes.filter(pc.not_equal(done.changes[COUNT], 0)))
         lc.stage(node.id, done.changes, state.table, kept, newest(keys), keys)
         for i, (changes, after) in done.ms.items():
             table = node.multiset_table(i)
-            lc.fresh[table] = KeyedRows(kept_values(after, done.after), keys) if whole else \
+            lc.fresh[table] = KeyedRows(kept(after, done.after), keys) if whole else \
                 ms_state[i].replace(found[i], after)
             lc.stage(table, changes, ms_state[i].table,
-                     lambda rows: kept_values(rows, state.table()), newest([*keys, "v"]), keys)
+                     lambda rows: kept(rows, state.table()), newest([*keys, "v"]), keys)
         if node.emit_on_close:  # the final rows of the groups whose window closes
             return step.output(step.closing(done.table, before, *marks))
         return step.output(done.table)

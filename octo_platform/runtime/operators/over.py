@@ -143,8 +143,7 @@ class OverStep:
         if func == "sum":
             return total.cast(t)
         if pa.types.is_decimal(t):
-            return decimal_mean(pa.chunked_array([total]), pa.chunked_array(
-                [pa.array(counts, pa.int64())]), t)
+            return decimal_mean(total, pa.array(counts, pa.int64()), t)
         return pc.divide(total.cast(pa.float64()), pa.array(counts, pa.float64())).cast(t)
 
     def since(self, d: pa.Table, rows: pa.Table) -> pa.Table:

@@ -53,14 +53,14 @@ def run_partitioned(node: PTopN | PSession | POver, ctx: BatchContext, delta: Da
     rows = delta.toDF(*names, WEIGHT)
     if isinstance(node, PSession):
         rows = rows.filter(f"{quote(node.time)} IS NOT NULL")
-    step = _step(node, ctx, rows)
+    weighted, output = arrow_schema(rows.schema), _output(node, ctx, rows)
+    step = _step(node, weighted, arrow_schema(output))
     if step is None:
         frames = SessionFrames if isinstance(node, PSession) else \
             OverRange if isinstance(node, POver) else TopNFrames
         return frames(node, ctx).run(delta)
-    weighted = arrow_schema(rows.schema)
     stored = side_schema(rows.schema, names)
-    schema = tagged_schema(_output(node, ctx, rows))
+    schema = tagged_schema(output)
     (log,), _ = bucket_logs(ctx, [node.id])
     (files,) = log_files(ctx, [node.id], [stored])
     task = _PartitionTask(step, log, files, weighted, arrow_schema(schema), ctx.reader,
@@ -74,13 +74,12 @@ def run_partitioned(node: PTopN | PSession | POver, ctx: BatchContext, delta: Da
     return out.filter(f"{PART} = 0").selectExpr("o.*")
 
 
-def _step(node: PTopN | PSession | POver, ctx: BatchContext, rows: DataFrame
+def _step(node: PTopN | PSession | POver, weighted: pa.Schema, out: pa.Schema
           ) -> TopNStep | SessionStep | OverStep | None:
-    """The step of ``node`` over ``rows`` (the input's, weighted), or None where it does
-    not cover them."""
-    weighted = arrow_schema(rows.schema)
+    """The step of ``node`` over rows of ``weighted`` (the input's, weighted) with output
+    ``out``, or None where it does not cover them."""
     if isinstance(node, POver):
-        return OverStep.of(node, weighted, arrow_schema(_output(node, ctx, rows)))
+        return OverStep.of(node, weighted, out)
     if not all(primitive(f.type) for f in weighted):
         return None
     if isinstance(node, PSession):
