@@ -82,3 +82,73 @@ def test_the_driver_paths_next_run_maps_what_the_last_run_held(spark, tmp_path, 
             assert not reads, reads  # the state and every touched bucket were mapped
         elif round_no == 2:
             assert "_latest" in reads and "read_bucket" in reads, reads
+
+
+JOIN_SQL = """
+CREATE SOURCE a ({ddl}) WITH (connector = 'files', path = 'data/a', format = 'debezium-json',
+    primary_key = 'id');
+CREATE SOURCE b ({ddl}) WITH (connector = 'files', path = 'data/b', format = 'json');
+CREATE STREAMING TABLE j AS SELECT a.id AS aid, b.id AS bid, a.v, b.g
+    FROM a JOIN b ON a.k = b.k AND a.g = b.g;
+CREATE STREAMING TABLE l AS SELECT a.id AS aid, b.id AS bid FROM a LEFT JOIN b ON a.k = b.k;
+"""
+
+
+def test_a_joins_tasks_find_their_keys_in_the_files_the_machine_kept(spark, tmp_path):
+    """A join's Spark-path tasks keep each state file they read as an entry sorted by key
+    hash, and later batches find their keys' rows there; lost entries are read again, and
+    the tables equal the batch query after every round."""
+    a, b = RandomInput(21, debezium=True), RandomInput(22, debezium=False)
+    (tmp_path / "sql").mkdir()
+    sql = JOIN_SQL.format(ddl=a.ddl())
+    (tmp_path / "sql" / "t.sql").write_text(sql)
+    warehouse = tmp_path / "warehouse"
+    seen = []
+    for round_no in range(4):
+        write_lines(tmp_path / "data" / "a", f"f{round_no}.json", a.lines(40))
+        write_lines(tmp_path / "data" / "b", f"f{round_no}.json", b.lines(40))
+        if round_no == 3:  # the machine lost its entries (the tasks' processes keep the
+            for table in "jl":  # environment they started with: the default directory)
+                for path in [*(warehouse / "_octo" / table / "state").iterdir(),
+                             warehouse / "_current" / table]:
+                    for bucket in range(BUCKETS):
+                        shutil.rmtree(bucket_cache._bucket_dir(str(path), bucket),
+                                      ignore_errors=True)
+        report = run_tables(spark, tmp_path, options=default_options(
+            buckets=BUCKETS, progress=None, driver_rows=0), until_idle=True)
+        seen.append([batch.cached_buckets for batch in report.batches])
+        check_tables(spark, warehouse, sql, {"a": a.relation(), "b": b.relation()},
+                     {"j": False, "l": False}, round_no)
+    for hits, lookups in seen[1] + seen[2]:
+        assert 0 < hits == lookups, seen  # every file of every bucket kept on this machine
+    for hits, lookups in seen[3]:
+        assert hits == 0 < lookups, seen
+
+
+def test_file_entries_find_the_rows_of_the_hashes_asked(tmp_path, monkeypatch):
+    import numpy as np
+    import pyarrow as pa
+
+    from octo_platform.runtime.operators.keyed_rows import key_hash
+
+    monkeypatch.setenv(bucket_cache.CACHE_ENV, str(tmp_path))
+    rows = pa.table({"k": [3, 1, None, 3, 7, 1, 9], "s": ["x", "y", None, "x", "z", "w", "v"],
+                     "n": list(range(7))})
+    reads = []
+
+    def read():
+        reads.append(1)
+        return rows
+    got, hit = bucket_cache.file_rows("t", 0, "delta-1.parquet", read, ["k", "s"])
+    assert not hit and reads == [1]
+    again, hit = bucket_cache.file_rows("t", 0, "delta-1.parquet", read, ["k", "s"])
+    assert hit and reads == [1] and again.equals(got)
+    asked = pa.table({"k": [3, None, 5], "s": ["x", None, "x"]})
+    hashes = np.unique(key_hash(asked, ["k", "s"]))
+    found = bucket_cache.find(again, hashes)
+    assert sorted(found.column("n").to_pylist()) == [0, 2, 3]
+    assert found.column_names == rows.column_names
+    assert bucket_cache.find(again, hashes[:0]).num_rows == 0
+    bucket_cache.forget_files("t", 0, ["delta-2.parquet"])
+    _, hit = bucket_cache.file_rows("t", 0, "delta-1.parquet", read, ["k", "s"])
+    assert not hit and reads == [1, 1]

@@ -1,12 +1,15 @@
 """Joins on the Spark path: their step (``join.JoinStep``) in Spark tasks.
 
 Each side's batch rows get their join key and its bucket in Spark SQL (``Join.with_keys``);
-the two sides are co-grouped by bucket (one exchange per side), and each bucket's task reads
-that bucket's files of both sides' logs (and nothing else), runs the step, writes each
-side's new log rows of the bucket as a file, and returns, as one tagged frame (``tasks``):
-the output Δ and the files it wrote. A bucket whose log is due for compaction is rewritten
-by its own task (its rows before the batch, multiplicities summed, become ``base`` files).
-The cost of a batch follows the keys it touches, not the size of either side.
+the two sides are co-grouped by bucket (one exchange per side), and each bucket's task finds
+the rows of the join keys its batch touches in that bucket's files of both sides' logs (and
+nothing else), runs the step, writes each side's new log rows of the bucket as a file, and
+returns, as one tagged frame (``tasks``): the output Δ and the files it wrote. Each file is
+found in the machine's cache (``bucket_cache.file_rows``: its rows sorted by key hash, kept
+on the first read there), by binary search, so a batch reads the rows of the keys it
+touches, not the sides' state. A bucket whose log is due for compaction is rewritten by its
+own task (its rows before the batch, multiplicities summed, become ``base`` files). The
+cost of a batch follows the keys it touches, not the size of either side.
 
 Covered: joins of every kind, over columns Arrow groups. A residual condition is Spark SQL,
 applied to the tasks' output: to the matched pairs, and, for an outer, semi or anti join, to
@@ -23,14 +26,17 @@ import functools
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Callable
 
+import numpy as np
 import pyarrow as pa
 
 from octo_platform.columns import BUCKET, COUNT, WEIGHT
 from octo_platform.physical.plan import PJoin
 from octo_platform.local_frames import arrow_schema
-from octo_platform.runtime.operators.arrow import primitive
+from octo_platform.runtime.operators import bucket_cache
+from octo_platform.runtime.operators.arrow import concat, primitive
 from octo_platform.runtime.operators.context import BatchContext, bucket_sql
 from octo_platform.runtime.operators.join import Join, JoinStep, summed
+from octo_platform.runtime.operators.keyed_rows import key_hash
 from octo_platform.runtime.operators.join_frames import JoinFrames
 from octo_platform.runtime.state_log import BATCH, unexpired, with_batch
 from octo_platform.runtime.operators.tasks import (
@@ -78,7 +84,7 @@ def run_join(node: PJoin, ctx: BatchContext, ldelta: DataFrame, rdelta: DataFram
     logs, due = bucket_logs(ctx, tables)
     files = log_files(ctx, tables, [stored[s] for s in "lr"])
     task = _JoinTask(step, tables=logs, files=files, due=due, out=arrow_schema(schema),
-                     reader=ctx.reader,
+                     reader=ctx.reader, counts=ctx.cache_counts,
                      ttl=(ctx.batch, ctx.cut(node)) if node.ttl_us else None)
     # Stored names: PySpark resolves the co-grouped columns by name, and a user's may
     # hold a dot.
@@ -129,20 +135,24 @@ class _JoinTask:
     # ``state_ttl``: (this batch, the last batch whose rows expired, or None); each stored
     # row then carries its batch (``_batch``), and expired rows are neither read nor kept
     ttl: tuple[int, int | None] | None = None
+    counts: Any = None  # ``BatchContext.cache_counts``
 
     def run(self, key: tuple, left: pa.Table, right: pa.Table) -> pa.Table:
         bucket = key[0].as_py()
         step = self.step
         deltas = {s: t.drop_columns([BUCKET]).rename_columns(step.row(s))
                   for s, t in (("l", left), ("r", right))}
-        stored, old, mine = {}, {}, {}
+        cut = None if self.ttl is None else self.ttl[1]
+        old, mine, whole = {}, {}, {}
         for s, (path, log), schema in zip("lr", self.tables, (f.schema for f in self.files)):
             mine[s] = log.get(bucket, [])
-            stored[s] = read_bucket(self.reader, path, mine[s], schema)
-            if self.ttl is not None:
-                stored[s] = unexpired(stored[s], self.ttl[1])
-            old[s] = stored[s].select(schema.names[:len(step.row(s))]).rename_columns(
-                step.row(s))
+            # each side's rows of the join keys the other side's rows touch (what an inner
+            # join matches), or of those either side touches (outer, semi, anti)
+            probe = [deltas[x].select(list(step.kcols[x])) for x in "lr"
+                     if x != s or step.kind != "inner"]
+            found, whole[s] = self.side(s, path, bucket, mine[s], schema, probe)
+            old[s] = unexpired(found, cut).select(schema.names[:len(step.row(s))]) \
+                .rename_columns(step.row(s))
         out, delta, found = step.run(deltas, old, first_id=bucket << 32)
         parts = [(0, "o", out), *((_CANDIDATES[s], "c", t) for s, t in found.items())]
         for j, (s, log) in enumerate(zip("lr", self.files)):
@@ -152,5 +162,39 @@ class _JoinTask:
                     pa.scalar(self.ttl[0], pa.int64()), changes.num_rows))
             parts += log_parts(j, log, bucket, changes.rename_columns(log.schema.names),
                                mine[s], bucket in self.due[j],
-                               functools.partial(summed, stored[s], log.schema))
+                               lambda w=whole[s]: summed(unexpired(w(), cut), log.schema),
+                               functools.partial(bucket_cache.keep_file, self.tables[j][0],
+                                                 bucket, keys=self.keys(s, log.schema)))
         return tagged(self.out, parts, bucket)
+
+    def keys(self, s: str, schema: pa.Schema) -> list[str]:
+        """Side ``s``'s join key columns in its log's ``schema``."""
+        row = self.step.row(s)
+        return schema.names[len(row) - len(self.step.kcols[s]):len(row)]
+
+    def side(self, s: str, path: str, bucket: int, files: list[Any], schema: pa.Schema,
+             probe: list[pa.Table]) -> tuple[pa.Table, Callable[[], pa.Table]]:
+        """A side's stored rows in ``bucket`` (its log's ``files``) of the join keys in
+        ``probe`` (tables of key columns), or more; and a function of all of them (a
+        compaction's). From the machine's file entries (``bucket_cache.file_rows``) where
+        the keys hash, else read whole."""
+        keys = self.keys(s, schema)
+        names = [f["path"] for f in files]
+        entries = []
+        for name in names:
+            got = bucket_cache.file_rows(path, bucket, name, lambda n=name: read_bucket(
+                self.reader, path, [{"path": n}], schema), keys)
+            if got is None:
+                break
+            entries.append(got)
+        if len(entries) < len(names):  # no hash for these keys, or no cache
+            rows = read_bucket(self.reader, path, files, schema)
+            return rows, lambda: rows
+        if self.counts is not None and names:
+            self.counts.add((int(all(hit for _, hit in entries)), 1))
+        bucket_cache.forget_files(path, bucket, names)
+        asked = [key_hash(p.rename_columns(keys), keys) for p in probe]
+        hashes = np.unique(np.concatenate(asked)) if asked else np.zeros(0, np.uint64)
+        found = concat([bucket_cache.find(rows, hashes) for rows, _ in entries], schema)
+        return found, lambda: concat([rows.drop_columns([bucket_cache.HASH])
+                                      for rows, _ in entries], schema)

@@ -31,7 +31,7 @@ if TYPE_CHECKING:
     from pyspark.sql import DataFrame
     from pyspark.sql.types import StructType
 
-__all__ = ["PART", "Log", "LogFiles", "bucket_logs", "log_files", "visits", "read_bucket",
+__all__ = ["PART", "Log", "Kept", "LogFiles", "bucket_logs", "log_files", "visits", "read_bucket",
            "tagged_schema", "tagged", "log_parts", "stage_logs", "grouped", "run_group",
            "run_cogroup"]
 
@@ -40,6 +40,7 @@ Parts = list[tuple[int, str, pa.Table]]  # (part, struct column, rows)
 
 
 Log = tuple[str, dict[int, list[StateFile]]]  # a state table's path, its files by bucket
+Kept = Callable[[str, pa.Table], None]  # (a file's path in its table, its rows)
 
 
 def bucket_logs(ctx: BatchContext, tables: list[str]) -> tuple[list[Log], list[set[int]]]:
@@ -66,15 +67,19 @@ class LogFiles:
     tokens: tuple[str, str]
     opener: Callable[[str, str], Any]
 
-    def write(self, part: int, bucket: int, rows: pa.Table, *, named: bool = False) -> Parts:
+    def write(self, part: int, bucket: int, rows: pa.Table, *, named: bool = False,
+              kept: Kept | None = None) -> Parts:
         """``rows`` (``part``: odd for ``delta``, even for ``base``) as a new file of the
-        bucket, written here; its part of the task's result: none for no rows, unless
-        ``named`` (then its row names the bucket, in its tags, with or without a file)."""
+        bucket, written here (and given to ``kept`` with its path); its part of the task's
+        result: none for no rows, unless ``named`` (then its row names the bucket, in its
+        tags, with or without a file)."""
         tags = [bucket] if named else []
         if rows.num_rows:
             name = f"{self.tokens[1 - part % 2]}-{uuid.uuid4().hex[:8]}"
-            done = write_file(self.opener, self.path, name, bucket, rows.cast(self.schema),
-                              tags)
+            rows = rows.cast(self.schema)
+            done = write_file(self.opener, self.path, name, bucket, rows, tags)
+            if kept is not None:
+                kept(done["path"], rows)
         elif named:
             done = {"path": None, "size": 0, "rows": 0, "bucket": bucket, "tags": tags}
         else:
@@ -156,14 +161,16 @@ def _nullable(struct: StructType) -> StructType:
 
 
 def log_parts(j: int, files: LogFiles, bucket: int, changes: pa.Table,
-              stored: list[StateFile], due: bool, base: Callable[[], pa.Table]) -> Parts:
-    """State table ``j``'s new files in one bucket, written (``files``): the batch's
-    ``changes``, as ``base`` when the bucket has no ``stored`` files yet; with its compaction
-    (``base()``: the bucket's live rows before the batch) when ``due``."""
+              stored: list[StateFile], due: bool, base: Callable[[], pa.Table],
+              kept: Kept | None = None) -> Parts:
+    """State table ``j``'s new files in one bucket, written (``files``; each given to
+    ``kept``): the batch's ``changes``, as ``base`` when the bucket has no ``stored`` files
+    yet; with its compaction (``base()``: the bucket's live rows before the batch) when
+    ``due``."""
     if not stored:
-        return files.write(2 + 2 * j, bucket, changes)
-    return [*(files.write(2 + 2 * j, bucket, base()) if due else []),
-            *files.write(1 + 2 * j, bucket, changes)]
+        return files.write(2 + 2 * j, bucket, changes, kept=kept)
+    return [*(files.write(2 + 2 * j, bucket, base(), kept=kept) if due else []),
+            *files.write(1 + 2 * j, bucket, changes, kept=kept)]
 
 
 def tagged(out: pa.Schema, parts: Parts, bucket: int) -> pa.Table:
