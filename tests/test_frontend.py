@@ -202,3 +202,22 @@ def test_an_expression_spark_cannot_analyse_fails_at_its_call(spark, tmp_path):
         loc = err.value.location
         assert (loc.line, loc.col) == where and f"streaming table {table}:" in str(err.value)
     check_expressions(spark, project, project.order(["good", "w", "u", "above"]))
+
+
+def test_a_join_key_in_every_branch_of_an_or_is_a_join_key(tmp_path):
+    """TPC-H q19's shape: ``p_partkey = l_partkey`` inside each branch of an OR is factored
+    out (``shapes.conjuncts``) and the join is an equi-join, not a cross join."""
+    from octo_platform.physical.plan import PJoin
+
+    project = compile_text(tmp_path, """
+        CREATE SOURCE l (k BIGINT, q BIGINT, m STRING) WITH (connector='files', path='l',
+            format='json');
+        CREATE SOURCE p (k BIGINT, b STRING, s INT) WITH (connector='files', path='p',
+            format='json');
+        CREATE STREAMING TABLE t AS SELECT SUM(q) AS n FROM l, p
+        WHERE (p.k = l.k AND b = 'x' AND q < 5 AND m = 'AIR')
+           OR (l.k = p.k AND b = 'y' AND q > 9 AND m = 'AIR')""")
+    (join,) = [n for n in project.table("t").physical.operators if isinstance(n, PJoin)]
+    assert [k.replace("`", "") for k in (*join.left_keys, *join.right_keys)] in (
+        [["l.k", "p.k"], ["p.k", "l.k"]]), join
+    assert "m = 'AIR'" not in (join.residual or "").replace("`", ""), join.residual

@@ -41,6 +41,14 @@ TABLES = {
         SELECT g, k % 3 FROM b_cdc""",
     "intersect": "SELECT g FROM a_cdc INTERSECT SELECT g FROM c_app",
     "union": "SELECT k FROM a_cdc WHERE v > 50 UNION SELECT k FROM b_cdc",
+    # a derived table's column alias list (TPC-H q13); a join key in every branch of an OR
+    # (q19: factored out, an equi-join), one branch with its sides the other way round
+    "derived_alias": """SELECT n, COUNT(*) AS c FROM (SELECT a.id, COUNT(b.id)
+        FROM a_cdc a LEFT JOIN b_cdc b ON a.k = b.k AND b.g <> 'a' GROUP BY a.id)
+        AS t (aid, n) GROUP BY n""",
+    "or_key": """SELECT a.g, SUM(a.v + b.v) AS s FROM a_cdc a, c_app b
+        WHERE (a.k = b.k AND a.g = 'a' AND b.v > 50) OR (b.k = a.k AND b.v < 30)
+        GROUP BY a.g""",
     # SUM / AVG (DISTINCT) beside other aggregates; a global one (COUNT over no rows is 0)
     "sum_distinct": """SELECT g, SUM(DISTINCT k) AS sk, AVG(DISTINCT k) AS ak,
         COUNT(DISTINCT k) AS ck, COUNT(*) AS n, AVG(d) AS ad, MIN(v) AS mv

@@ -38,6 +38,12 @@ TABLES = {
         WHERE a.v > a.k AND EXISTS (SELECT 1 FROM a_cdc AS x WHERE x.d < a.d)""",
     "corr_mixed": """SELECT a.id, CASE WHEN (SELECT MAX(b.v) FROM b_cdc b WHERE b.k = a.k
         AND b.d > a.d) > 50 THEN 'hi' ELSE 'lo' END AS c FROM a_cdc a""",
+    # a correlated aggregate in the WHERE of an aggregate (TPC-H q17); an IN subquery that
+    # groups, in the WHERE of an aggregate (q18)
+    "corr_under_agg": """SELECT SUM(a.v) AS s, COUNT(*) AS n FROM a_cdc a, c_app c
+        WHERE a.k = c.k AND a.v < (SELECT AVG(x.v) FROM b_cdc x WHERE x.k = a.k)""",
+    "in_grouped": """SELECT a.g, SUM(a.v) AS s FROM a_cdc a
+        WHERE a.k IN (SELECT k FROM b_cdc GROUP BY k HAVING SUM(v) > 100) GROUP BY a.g""",
     # IN / EXISTS under OR and in SELECT (NOT IN with its NULLs: v % 13 is NULL at times);
     # EXISTS without an equality to the outer query (a semi / anti join on the constant key)
     "in_or": "SELECT id FROM a_cdc WHERE v > 90 OR k IN (SELECT k FROM b_cdc WHERE v > 50)",

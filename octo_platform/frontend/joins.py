@@ -171,8 +171,10 @@ class JoinBinding:
     def where(self, where: exp.Where, scope: Scope, ctes: dict[str, Node]) -> Scope:
         """Filter by the plain conditions; IN / EXISTS subqueries become semi/anti joins.
         (The optimizer's rules move the conditions into joins and top-Ns.)"""
-        if any(isinstance(n, exp.AggFunc) for n in where.this.walk()):
-            raise self.error("aggregates are not allowed in WHERE (use HAVING)", where)
+        owner = where.find_ancestor(exp.Select)
+        for n in where.this.find_all(exp.AggFunc):  # not those of its subqueries
+            if n.find_ancestor(exp.Select) is owner:
+                raise self.error("aggregates are not allowed in WHERE (use HAVING)", n)
         plain: list[exp.Expression] = []
         subs: list[tuple[exp.Expression, bool]] = []
         node = scope.node

@@ -76,7 +76,7 @@ class QueryBinder(JoinBinding, SubqueryBinding, AggregateBinding, OrderBinding):
         with_ = q.args.get("with_")
         if with_ is not None:
             for cte in with_.expressions:
-                ctes[cte.alias_or_name.lower()] = self.query(cte.this, ctes)
+                ctes[cte.alias_or_name.lower()] = self.renamed(self.query(cte.this, ctes), cte)
         if isinstance(q, exp.Subquery):
             return self.query(q.this, ctes)
         if isinstance(q, (exp.Union, exp.Except, exp.Intersect)):
@@ -110,8 +110,8 @@ class QueryBinder(JoinBinding, SubqueryBinding, AggregateBinding, OrderBinding):
 
     def from_item(self, src: exp.Expression, ctes: dict[str, Node]) -> Scope:
         if isinstance(src, exp.Subquery):
-            return Scope.of(self.query(src.this, ctes), {src.alias.lower()} if src.alias
-                             else set())
+            return Scope.of(self.renamed(self.query(src.this, ctes), src),
+                            {src.alias.lower()} if src.alias else set())
         if isinstance(src, exp.Table) and isinstance(src.this, exp.Anonymous) \
                 and src.this.name.upper() in WINDOW_FUNCTIONS:
             node, name = self.window(src.this, ctes)
@@ -119,6 +119,18 @@ class QueryBinder(JoinBinding, SubqueryBinding, AggregateBinding, OrderBinding):
         if not isinstance(src, exp.Table) or not src.name:
             raise self.error(f"unsupported FROM item {src.sql(DIALECT)!r}", src)
         return Scope.of(self.relation(src.name, src, ctes), {(src.alias or src.name).lower()})
+
+    def renamed(self, node: Node, item: exp.Expression) -> Node:
+        """``node`` with the column names of ``item``'s alias list (``AS t (a, b)`` of a
+        derived table or a CTE), if it has one."""
+        alias = item.args.get("alias")
+        names = [c.name for c in alias.columns] if isinstance(alias, exp.TableAlias) else []
+        if not names:
+            return node
+        if len(names) != len(node.columns):
+            raise self.error(f"{alias.name or 'the alias'} names {len(names)} columns, its "
+                             f"query has {len(node.columns)}", alias)
+        return project(node, tuple(names), tuple(quote(c) for c in node.columns))
 
     def window(self, call: exp.Anonymous, ctes: dict[str, Node]) -> tuple[Node, str]:
         """``TUMBLE(rel, time, size)`` / ``HOP(rel, time, slide, size)`` in FROM: the

@@ -90,12 +90,46 @@ def function_name(node: exp.Expression) -> str | None:
 
 
 def conjuncts(e: exp.Expression) -> list[exp.Expression]:
-    """The AND-ed parts of a condition (parentheses looked through)."""
+    """The AND-ed parts of a condition (parentheses looked through). A part common to every
+    branch of an OR is factored out of it, as Spark's optimizer does: ``(a AND x) OR (a AND
+    y)`` is ``a AND (x OR y)`` (in SQL's three-valued logic too), so a join key written in
+    each branch (TPC-H q19) is a join key."""
     while isinstance(e, exp.Paren):
         e = e.this
     if isinstance(e, exp.And):
         return conjuncts(e.this) + conjuncts(e.expression)
+    if isinstance(e, exp.Or):
+        return _factored(e)
     return [e]
+
+
+def _disjuncts(e: exp.Expression) -> list[exp.Expression]:
+    while isinstance(e, exp.Paren):
+        e = e.this
+    if isinstance(e, exp.Or):
+        return _disjuncts(e.this) + _disjuncts(e.expression)
+    return [e]
+
+
+def _same(e: exp.Expression) -> str:
+    """``e``'s text, an equality's sides in one order (``a = b`` is ``b = a``)."""
+    if isinstance(e, exp.EQ):
+        return " = ".join(sorted((e.this.sql(), e.expression.sql())))
+    return e.sql()
+
+
+def _factored(e: exp.Or) -> list[exp.Expression]:
+    branches = [conjuncts(b) for b in _disjuncts(e)]
+    common = [c for c in branches[0] if all(
+        any(_same(c) == _same(o) for o in b) for b in branches[1:])]
+    if not common:
+        return [e]
+    shared = {_same(c) for c in common}
+    rest = [[c for c in b if _same(c) not in shared] for b in branches]
+    if any(not r for r in rest):  # a branch holds only the common parts: the OR is them
+        return common
+    return [*common, exp.or_(*(exp.paren(exp.and_(*r)) if len(r) > 1 else r[0]
+                               for r in rest))]
 
 
 def _unbounded_top_n(node: Node) -> TopN | None:

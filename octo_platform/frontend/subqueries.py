@@ -75,9 +75,9 @@ class SubqueryBinding:
             if where not in ("expressions", "where", "having"):
                 raise self.error("a scalar subquery is supported in SELECT, WHERE and HAVING",
                                  sub)
-            after = is_agg and (where == "having" or sub.find_ancestor(exp.AggFunc) is None
-                                or sub.find_ancestor(exp.AggFunc).find_ancestor(
-                                    exp.Select) is not select)
+            after = is_agg and where != "where" and (
+                where == "having" or sub.find_ancestor(exp.AggFunc) is None
+                or sub.find_ancestor(exp.AggFunc).find_ancestor(exp.Select) is not select)
             self.subqueries += 1
             label = f"_sq{self.subqueries}"
             scalar, value = self.scalar(sub, scope, label, ctes)
