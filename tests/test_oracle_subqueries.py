@@ -44,6 +44,10 @@ TABLES = {
         WHERE a.k = c.k AND a.v < (SELECT AVG(x.v) FROM b_cdc x WHERE x.k = a.k)""",
     "in_grouped": """SELECT a.g, SUM(a.v) AS s FROM a_cdc a
         WHERE a.k IN (SELECT k FROM b_cdc GROUP BY k HAVING SUM(v) > 100) GROUP BY a.g""",
+    # EXISTS over a global aggregate: one row whatever the input (TRUE), as a condition
+    # and as a value
+    "exists_agg": """SELECT a.id, NOT EXISTS (SELECT COUNT(*) FROM c_app c WHERE c.k = a.k)
+        AS e FROM a_cdc a WHERE EXISTS (SELECT MAX(b.v) FROM b_cdc b WHERE b.k = a.k + 1)""",
     # IN / EXISTS under OR and in SELECT (NOT IN with its NULLs: v % 13 is NULL at times);
     # EXISTS without an equality to the outer query (a semi / anti join on the constant key)
     "in_or": "SELECT id FROM a_cdc WHERE v > 90 OR k IN (SELECT k FROM b_cdc WHERE v > 50)",

@@ -5,7 +5,7 @@ from __future__ import annotations
 from sqlglot import exp
 
 from octo_platform.frontend.scope import Scope
-from octo_platform.frontend.shapes import check_supported, conjuncts
+from octo_platform.frontend.shapes import check_supported, conjuncts, one_row
 from octo_platform.logical.plan import CROSS_KEY, Filter, Join, Node
 from octo_platform.sqltext import DIALECT, quote
 
@@ -151,8 +151,6 @@ class JoinBinding:
                 if sub.args.get(arg) is not None:
                     raise self.error(f"{arg.upper()} in an EXISTS subquery is not supported",
                                      sub.args[arg])
-            if any(isinstance(n, exp.AggFunc) for i in sub.expressions for n in i.walk()):
-                raise self.error("aggregates in an EXISTS subquery are not supported", sub)
             check_supported(sub, self.file)
             right = self.from_(sub, ctes)
             rnames, rrels = right.qualified(label)
@@ -184,6 +182,9 @@ class JoinBinding:
             if isinstance(inner, exp.In) and inner.args.get("query") is not None \
                     and not negated:  # (NOT IN is a mark join: see mark_subqueries)
                 subs.append((inner, False))
+            elif isinstance(inner, exp.Exists) and one_row(inner.this):
+                self.from_(inner.this, ctes)  # its FROM must still exist
+                plain.append(exp.false() if negated else exp.true())
             elif isinstance(inner, exp.Exists):
                 subs.append((inner, negated))
             else:

@@ -10,7 +10,7 @@ from octo_platform.errors import PlanError, SqlError
 from octo_platform.frontend.parser import SESSION_CALL, SqlFile, TableStmt
 from octo_platform.logical.plan import Node, TopN, Window
 
-__all__ = ["NONDETERMINISTIC", "check_supported", "check_bounded", "conjuncts",
+__all__ = ["NONDETERMINISTIC", "check_supported", "check_bounded", "conjuncts", "one_row",
            "function_name"]
 
 NONDETERMINISTIC = {
@@ -87,6 +87,15 @@ def function_name(node: exp.Expression) -> str | None:
     if isinstance(node, exp.Func):
         return node.sql_name().lower()
     return None
+
+
+def one_row(query: exp.Expression) -> bool:
+    """Whether ``query`` is an aggregate without GROUP BY, HAVING or LIMIT: it returns one
+    row whatever its input (so ``EXISTS (query)`` is TRUE)."""
+    return isinstance(query, exp.Select) and not any(
+        query.args.get(a) is not None for a in ("group", "having", "limit")) and any(
+        isinstance(n, exp.AggFunc) and n.find_ancestor(exp.Select) is query
+        for i in query.expressions for n in i.walk())
 
 
 def conjuncts(e: exp.Expression) -> list[exp.Expression]:

@@ -26,7 +26,7 @@ from sqlglot import exp
 
 from octo_platform.errors import PlanError
 from octo_platform.frontend.scope import Rel, Scope
-from octo_platform.frontend.shapes import conjuncts
+from octo_platform.frontend.shapes import conjuncts, one_row
 from octo_platform.logical.plan import (
     CROSS_KEY,
     AggCall,
@@ -162,6 +162,9 @@ class SubqueryBinding:
         label = f"_sq{self.subqueries}"
         if not isinstance(query, exp.Select):
             raise self.error("EXISTS takes a SELECT", node)
+        if one_row(query):
+            self.from_(query, ctes)  # its FROM must still exist
+            return scope, exp.true()
         if not self.references_outer(query, scope, ctes):
             counts = Aggregate(("n",), input=self.query(query, ctes), keys=(),
                                aggs=(AggCall("count", None),))
@@ -173,9 +176,6 @@ class SubqueryBinding:
             if query.args.get(arg) is not None:
                 raise self.error(f"{arg.upper()} in a correlated EXISTS is not supported here",
                                  query.args[arg])
-        if any(isinstance(n, exp.AggFunc) for i in query.expressions for n in i.walk()):
-            raise self.error("aggregates in a correlated EXISTS subquery are not supported "
-                             "(it has a row whatever the aggregate: write TRUE)", query)
         inner = self.from_(query, ctes)
         split = self.correlation(query, inner, scope, "a correlated EXISTS", strict=False)
         if split is None:  # correlated otherwise: whether COUNT(*) over its rows > 0

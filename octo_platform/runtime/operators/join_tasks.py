@@ -180,21 +180,22 @@ class _JoinTask:
         the keys hash, else read whole."""
         keys = self.keys(s, schema)
         names = [f["path"] for f in files]
+        asked = [key_hash(p.rename_columns(keys), keys) for p in probe]
+        hashed = all(a is not None for a in asked)
         entries = []
-        for name in names:
+        for name in names if hashed else ():
             got = bucket_cache.file_rows(path, bucket, name, lambda n=name: read_bucket(
                 self.reader, path, [{"path": n}], schema), keys)
             if got is None:
                 break
             entries.append(got)
-        if len(entries) < len(names):  # no hash for these keys, or no cache
+        if not hashed or len(entries) < len(names):  # no hash for these keys, or no cache
             rows = read_bucket(self.reader, path, files, schema)
             return rows, lambda: rows
         if self.counts is not None and names:
             self.counts.add((int(all(hit for _, hit in entries)), 1))
         bucket_cache.forget_files(path, bucket, names)
-        asked = [key_hash(p.rename_columns(keys), keys) for p in probe]
-        hashes = np.unique(np.concatenate(asked)) if asked else np.zeros(0, np.uint64)
+        hashes = np.unique(np.concatenate(asked))
         found = concat([bucket_cache.find(rows, hashes) for rows, _ in entries], schema)
         return found, lambda: concat([rows.drop_columns([bucket_cache.HASH])
                                       for rows, _ in entries], schema)
