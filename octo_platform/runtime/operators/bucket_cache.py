@@ -29,9 +29,7 @@ import os
 import tempfile
 import uuid
 from pathlib import Path
-from typing import Any
-
-from typing import Callable
+from typing import Any, Callable
 
 import numpy as np
 import pyarrow as pa
@@ -164,9 +162,7 @@ def find(rows: pa.Table, hashes: np.ndarray) -> pa.Table:
     ascending order, distinct), without ``HASH``: a binary search per hash, no scan."""
     if not rows.num_rows or not len(hashes):
         return rows.slice(0, 0).drop_columns([HASH])
-    column = rows.column(HASH)
-    have = column.chunk(0).to_numpy() if column.num_chunks == 1 else \
-        column.to_numpy()
+    have = rows.column(HASH).to_numpy()  # one chunk: mapped, not copied
     starts = np.searchsorted(have, hashes, "left")
     ends = np.searchsorted(have, hashes, "right")
     hit = ends > starts
