@@ -49,6 +49,14 @@ TABLES = {
     "or_key": """SELECT a.g, SUM(a.v + b.v) AS s FROM a_cdc a, c_app b
         WHERE (a.k = b.k AND a.g = 'a' AND b.v > 50) OR (b.k = a.k AND b.v < 30)
         GROUP BY a.g""",
+    # JOIN ... USING: each column once, first in SELECT * (inner: the left's, full: the
+    # first not NULL)
+    "using_inner": """SELECT * FROM (SELECT k, id AS aid, v FROM a_cdc) a
+        JOIN (SELECT k, id AS bid, g FROM b_cdc) b USING (k)""",
+    "using_left2": """SELECT * FROM (SELECT k, g, id FROM a_cdc) x
+        LEFT JOIN (SELECT k, g, v FROM c_app) y USING (k, g)""",
+    "using_full": """SELECT k, a.id AS aid, b.id AS bid, a.k AS ak FROM a_cdc a
+        FULL JOIN b_cdc b USING (k)""",
     # SUM / AVG (DISTINCT) beside other aggregates; a global one (COUNT over no rows is 0)
     "sum_distinct": """SELECT g, SUM(DISTINCT k) AS sk, AVG(DISTINCT k) AS ak,
         COUNT(DISTINCT k) AS ck, COUNT(*) AS n, AVG(d) AS ad, MIN(v) AS mv

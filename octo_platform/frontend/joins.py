@@ -4,9 +4,9 @@ from __future__ import annotations
 
 from sqlglot import exp
 
-from octo_platform.frontend.scope import Scope
+from octo_platform.frontend.scope import Rel, Scope
 from octo_platform.frontend.shapes import check_supported, conjuncts, one_row
-from octo_platform.logical.plan import CROSS_KEY, Filter, Join, Node
+from octo_platform.logical.plan import CROSS_KEY, Filter, Join, Node, Project
 from octo_platform.sqltext import DIALECT, quote
 
 __all__ = ["JoinBinding", "JOIN_KINDS"]
@@ -35,14 +35,14 @@ class JoinBinding:
              after_cross: bool = False) -> Scope:
         right = self.from_item(j.this, ctes)
         what = f"JOIN {j.this.sql(DIALECT)}"
-        if j.args.get("using"):
-            raise self.error("JOIN ... USING is not supported: write ON a.col = b.col", j)
         side, kind_word = (j.side or "").upper(), (j.kind or "").upper()
         if kind_word in ("SEMI", "ANTI"):
             raise self.error(f"{side} {kind_word} JOIN is not supported: write WHERE ... IN / "
                              "EXISTS / NOT EXISTS (subquery)", j)
         on = j.args.get("on")
-        if on is None and side:
+        using_cols = list(j.args.get("using") or [])
+        using = [c.name for c in using_cols]
+        if on is None and side and not using:
             raise self.error(f"{side} {what} has no ON condition: join ON an equality of "
                              "the two sides", j)
         if after_cross and side in ("RIGHT", "FULL"):
@@ -61,7 +61,12 @@ class JoinBinding:
                              "give each occurrence its own alias", j.this)
         lnames, lrels = left.qualified(next(iter(left.rels[0].aliases)))
         rnames, rrels = right.qualified(next(iter(right.rels[0].aliases)))
-        if on is None or kind_word == "CROSS":  # a comma or CROSS JOIN
+        if using:
+            lnode, rnode, residual = left.node, right.node, None
+            pairs = self.using_columns(using_cols, Scope(left.node, lrels),
+                                       Scope(right.node, rrels))
+            keys = [(quote(lc), quote(rc)) for lc, rc in pairs]
+        elif on is None or kind_word == "CROSS":  # a comma or CROSS JOIN
             lnode, rnode, keys, residual = left.node, right.node, [(CROSS_KEY, CROSS_KEY)], None
         else:
             pushable = {"l": kind in ("inner", "right"), "r": kind in ("inner", "left")}
@@ -71,7 +76,35 @@ class JoinBinding:
         node = Join(lnames + rnames, left=lnode, right=rnode, kind=kind,
                     names=lnames + rnames, left_keys=tuple(k[0] for k in keys),
                     right_keys=tuple(k[1] for k in keys), residual=residual)
-        return Scope(node, lrels + rrels, joined=True)
+        if not using:
+            return Scope(node, lrels + rrels, joined=True)
+        # USING: each column once, first, unqualified: the left's (inner, left join), the
+        # right's (right join), or the first of the two that is not NULL (full join)
+        if kind == "full":
+            self.subqueries += 1
+            merged = tuple(f"_u{self.subqueries}.{n}" for n in using)
+            node = Project((*node.columns, *merged), input=node, exprs=(
+                *(quote(c) for c in node.columns),
+                *(f"coalesce({lk}, {rk})" for lk, rk in keys)))
+        else:
+            merged = tuple(p[0 if kind != "right" else 1] for p in pairs)
+        hide = frozenset(n.lower() for n in using)
+        rels = [Rel(set(), list(zip(using, merged))),
+                *(Rel(r.aliases, r.columns, r.hidden, r.merged | hide) for r in lrels + rrels)]
+        return Scope(node, rels, joined=True)
+
+    def using_columns(self, using: list[exp.Expression], left: Scope, right: Scope
+                      ) -> list[tuple[str, str]]:
+        """The join keys of ``JOIN ... USING (c, ...)``: each column of each side."""
+        keys = []
+        for col in using:
+            sides = [s.lookup(exp.column(col.name), self.file) for s in (left, right)]
+            if None in sides:
+                where = "left" if sides[0] is None else "right"
+                raise self.error(f"USING column {col.name!r} is not a column of the join's "
+                                 f"{where} side", col)
+            keys.append((sides[0], sides[1]))
+        return keys
 
     def split_on(self, cond: exp.Expression, what: str, left: Scope, right: Scope,
                  lq: Scope, rq: Scope, pushable: dict[str, bool], *, ambiguous: bool):

@@ -271,6 +271,8 @@ class QueryBinder(JoinBinding, SubqueryBinding, AggregateBinding, OrderBinding):
             at = next((x.meta for x in item.walk() if x.meta.get("start") is not None), {})
             for r in rels:
                 for written, col in r.columns:
+                    if not isinstance(item, exp.Column) and written.lower() in r.merged:
+                        continue  # a USING column: once, as the join's merged column
                     ref = exp.column(col, quoted=True)
                     ref.meta.update(at)  # errors about expanded columns point at the star
                     ref.meta["from_star"] = True

@@ -25,6 +25,9 @@ class Rel:
     aliases: set[str]
     columns: list[tuple[str, str]]
     hidden: bool = False  # a scalar subquery's: not in SELECT *
+    # columns of a JOIN ... USING, lower case: named without a qualifier (and in an
+    # unqualified SELECT *) only as the join's merged column, another relation of the scope
+    merged: frozenset[str] = frozenset()
 
     def find(self, name: str) -> str | None:
         name = name.lower()
@@ -63,7 +66,8 @@ class Scope:
     def lookup(self, col: exp.Column, file: SqlFile) -> str | None:
         """The node column ``col`` names in this scope (not the outer one), or None."""
         table = col.table.lower()
-        rels = [r for r in self.rels if not table or table in r.aliases]
+        rels = [r for r in self.rels if table in r.aliases or not table
+                and col.name.lower() not in r.merged]
         hits = {c for r in rels if (c := r.find(col.name)) is not None}
         if len(hits) > 1:
             raise PlanError(f"column {col.sql(DIALECT)!r} is ambiguous: qualify it with its "
@@ -89,6 +93,6 @@ class Scope:
         if self.joined:
             return self.node.columns, self.rels
         rename = {c: f"{label}.{c}" for c in self.node.columns}
-        rels = [Rel(r.aliases, [(w, rename[c]) for w, c in r.columns], r.hidden)
+        rels = [Rel(r.aliases, [(w, rename[c]) for w, c in r.columns], r.hidden, r.merged)
                 for r in self.rels]
         return tuple(rename[c] for c in self.node.columns), rels
