@@ -161,7 +161,34 @@ def spark_sql(query: exp.Expression) -> str:
             f"window({time.sql('spark')}, {durations}) AS _w FROM {rel.name}) _x) AS {alias}",
             dialect="spark")
 
-    return _sessions(query.copy()).transform(spark_window).sql("spark")
+    return _sessions(query.copy()).transform(spark_window).transform(_quantified).sql("spark")
+
+
+_COMPARISONS = (exp.EQ, exp.NEQ, exp.GT, exp.GTE, exp.LT, exp.LTE)
+
+
+def _quantified(node: exp.Expression) -> exp.Expression:
+    """``x <op> ANY / ALL (subquery)``, which Spark does not parse, by the SQL standard's
+    definition over the subquery's rows (an implementation independent of octo's): ANY is
+    TRUE if ``x <op> y`` is TRUE for some row, else NULL if it is NULL for some, else
+    FALSE; ALL is FALSE if it is FALSE for some row, else NULL if NULL for some, else TRUE."""
+    q = node.args.get("expression") if isinstance(node, _COMPARISONS) else None
+    if not isinstance(q, (exp.Any, exp.All)):
+        return node
+    sub = q.this.this if isinstance(q.this, exp.Subquery) else q.this
+    x = node.this.sql("spark")
+    test = type(node)(this=sqlglot.parse_one(x, read="spark"),
+                      expression=exp.column("_y", table="_q")).sql("spark")
+
+    def some(cond: str) -> str:
+        return f"EXISTS (SELECT 1 FROM ({sub.sql('spark')}) AS _q(_y) WHERE {cond})"
+    if isinstance(q, exp.Any):
+        text = (f"CASE WHEN {some(test)} THEN TRUE WHEN {some(f'({test}) IS NULL')} "
+                "THEN NULL ELSE FALSE END")
+    else:
+        text = (f"CASE WHEN {some(f'NOT ({test})')} THEN FALSE WHEN "
+                f"{some(f'({test}) IS NULL')} THEN NULL ELSE TRUE END")
+    return exp.paren(sqlglot.parse_one(text, read="spark"))
 
 
 def _sessions(query: exp.Expression) -> exp.Expression:

@@ -48,6 +48,15 @@ TABLES = {
     # and as a value
     "exists_agg": """SELECT a.id, NOT EXISTS (SELECT COUNT(*) FROM c_app c WHERE c.k = a.k)
         AS e FROM a_cdc a WHERE EXISTS (SELECT MAX(b.v) FROM b_cdc b WHERE b.k = a.k + 1)""",
+    # x <op> ANY / ALL (subquery) with SQL's NULLs (v has NULLs; Spark, which does not
+    # parse these, gets the standard's definition over the rows: ``oracle._quantified``)
+    "all_where": """SELECT id, v FROM a_cdc WHERE v > ALL (SELECT v FROM b_cdc WHERE g = 'a')
+        OR k <= ANY (SELECT k FROM c_app WHERE v > 95)""",
+    "any_all_values": """SELECT id, v < ANY (SELECT v FROM c_app WHERE k = 3) AS lt_any,
+        k = ANY (SELECT v % 13 FROM b_cdc) AS eq_any, k <> ALL (SELECT v % 13 FROM b_cdc)
+        AS ne_all, v >= ALL (SELECT v FROM b_cdc WHERE k = 2) AS ge_all,
+        k <> ANY (SELECT k FROM c_app WHERE v > 90) AS ne_any,
+        v = ALL (SELECT v FROM c_app WHERE v > 97) AS eq_all FROM a_cdc""",
     # IN / EXISTS under OR and in SELECT (NOT IN with its NULLs: v % 13 is NULL at times);
     # EXISTS without an equality to the outer query (a semi / anti join on the constant key)
     "in_or": "SELECT id FROM a_cdc WHERE v > 90 OR k IN (SELECT k FROM b_cdc WHERE v > 50)",

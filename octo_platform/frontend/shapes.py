@@ -43,10 +43,6 @@ def check_supported(select: exp.Select, file: SqlFile) -> None:
                         "ROW_NUMBER() OVER (...) AS rank, bounded by WHERE rank <= n in "
                         "the enclosing query (top-N), or aggregates OVER a RANGE BETWEEN "
                         "INTERVAL ... PRECEDING AND CURRENT ROW", node)
-        if isinstance(node, (exp.Any, exp.All)) and node.find(exp.Select) is not None:
-            raise error(f"x <op> {node.key.upper()} (subquery) is not supported: write x IN "
-                        "(subquery) for = ANY, or [NOT] EXISTS (SELECT ... WHERE inner <op> "
-                        "outer) for the others", node)
         fname = function_name(node)
         if fname in NONDETERMINISTIC:
             raise error(f"non-deterministic function {fname}() cannot be maintained "
@@ -129,8 +125,9 @@ def _same(e: exp.Expression) -> str:
 
 def _factored(e: exp.Or) -> list[exp.Expression]:
     branches = [conjuncts(b) for b in _disjuncts(e)]
-    common = [c for c in branches[0] if all(
-        any(_same(c) == _same(o) for o in b) for b in branches[1:])]
+    common = [c for c in branches[0] if c.find(exp.Select) is None and all(
+        any(_same(c) == _same(o) for o in b) for b in branches[1:])]  # (subqueries bind
+    # where they are written)
     if not common:
         return [e]
     shared = {_same(c) for c in common}

@@ -91,12 +91,15 @@ class SubqueryBinding:
     def mark_subqueries(self, select: exp.Select, scope: Scope, ctes: dict[str, Node],
                         is_agg: bool) -> tuple[exp.Select, Scope]:
         """``select`` (a copy) with each ``IN (subquery)`` / ``EXISTS`` that is not a
-        condition AND-ed in WHERE (those are semi / anti joins) replaced by its truth
-        value per row, read from LEFT JOINs (a mark join), and the scope so joined."""
+        condition AND-ed in WHERE (those are semi / anti joins), and each ``x <op> ANY /
+        ALL (subquery)``, replaced by its truth value per row, read from LEFT JOINs (a mark
+        join), and the scope so joined."""
         def marks(s: exp.Select) -> list[exp.Expression]:
-            return [n for n in s.find_all(exp.In, exp.Exists)
-                    if (isinstance(n, exp.Exists) or n.args.get("query") is not None)
-                    and n.find_ancestor(exp.Select) is s and not _is_top_conjunct(n, s)]
+            return [n for n in s.find_all(exp.In, exp.Exists, *_QUANTIFIED)
+                    if n.find_ancestor(exp.Select) is s and (
+                        _quantified(n) is not None or not isinstance(n, tuple(_QUANTIFIED))
+                        and (isinstance(n, exp.Exists) or n.args.get("query") is not None)
+                        and not _is_top_conjunct(n, s))]
 
         if not marks(select):
             return select, scope
@@ -110,7 +113,9 @@ class SubqueryBinding:
                                  "aggregates of a GROUP BY or in HAVING, compute it in a "
                                  "subquery first", node)
             scope, value = (self.in_mark(node, scope, ctes) if isinstance(node, exp.In)
-                            else self.exists_mark(node, scope, ctes))
+                            else self.exists_mark(node, scope, ctes)
+                            if isinstance(node, exp.Exists)
+                            else self.quantified_mark(node, scope, ctes))
             node.replace(value)
         return select, scope
 
@@ -151,6 +156,66 @@ class SubqueryBinding:
                                        expression=_column(stats.label, "n"))),
                    true=exp.Cast(this=exp.Null(), to=exp.DataType.build("BOOLEAN")))],
             default=exp.false())
+        return scope, exp.Paren(this=value)
+
+    def quantified_mark(self, node: exp.Expression, scope: Scope, ctes: dict[str, Node]
+                        ) -> tuple[Scope, exp.Expression]:
+        """``x <op> ANY / ALL (SELECT y ...)`` per row, with SQL's NULLs: from the subquery's
+        row count ``n``, count of non-NULL values ``nn``, least ``lo`` and greatest ``hi``
+        value (one row, joined on the constant key). ``= ANY`` is ``IN``, ``<> ALL`` is
+        ``NOT IN``. ANY: FALSE over no rows, else NULL for a NULL ``x``, else TRUE when
+        some value satisfies the comparison, else NULL when the subquery has a NULL, else
+        FALSE; ALL the same with TRUE and FALSE swapped, asking whether some value fails."""
+        quantifier = node.expression
+        query = _quantified(node)
+        every = isinstance(quantifier, exp.All)
+        op = _QUANTIFIED[type(node)]
+        if (op, every) in (("=", False), ("<>", True)):
+            scope, value = self.in_mark(exp.In(this=node.this.copy(), query=exp.Subquery(
+                this=query.copy())), scope, ctes)
+            return scope, exp.Paren(this=exp.Not(this=value)) if every else value
+        try:
+            inner = self.query(query, ctes)
+        except PlanError as error:
+            if isinstance(query, exp.Select) and self.references_outer(query, scope, ctes):
+                raise self.error(f"a correlated x {op} {'ALL' if every else 'ANY'} "
+                                 "(subquery) is not supported: write [NOT] EXISTS (SELECT "
+                                 f"... WHERE inner.col = outer.col AND ...)", node) from error
+            raise
+        if len(inner.columns) != 1:
+            raise self.error(f"an {'ALL' if every else 'ANY'} subquery must return one "
+                             f"column (it returns {len(inner.columns)})", node)
+        y = inner.columns[0]
+        stats = Aggregate(("n", "nn", "lo", "hi"), input=inner, keys=(), aggs=(
+            AggCall("count", None), AggCall("count", y), AggCall("min", y),
+            AggCall("max", y)))
+        self.subqueries += 1
+        s = Scalar(f"_sq{self.subqueries}", stats)
+        scope = self.join_scalar(scope, s, _rel(s))
+        n, nn, lo, hi = (_column(s.label, c) for c in ("n", "nn", "lo", "hi"))
+
+        def x() -> exp.Expression:
+            return exp.Paren(this=node.this.copy())
+
+        def cmp(kind: type, a: exp.Expression, b: exp.Expression) -> exp.Expression:
+            return kind(this=a, expression=b)
+        # ANY: some value v with x <op> v; ALL: some value v with NOT (x <op> v)
+        differs = exp.or_(cmp(exp.NEQ, lo.copy(), x()), cmp(exp.NEQ, hi.copy(), x()))
+        some = {(">", False): cmp(exp.GT, x(), lo), (">=", False): cmp(exp.GTE, x(), lo),
+                ("<", False): cmp(exp.LT, x(), hi), ("<=", False): cmp(exp.LTE, x(), hi),
+                ("<>", False): differs, ("=", True): differs,
+                (">", True): cmp(exp.LTE, x(), hi), (">=", True): cmp(exp.LT, x(), hi),
+                ("<", True): cmp(exp.GTE, x(), lo), ("<=", True): cmp(exp.GT, x(), lo)}
+        found, empty = (exp.false(), exp.true()) if every else (exp.true(), exp.false())
+        null = exp.Cast(this=exp.Null(), to=exp.DataType.build("BOOLEAN"))
+        zero = exp.Literal.number(0)
+        value = exp.Case(ifs=[
+            exp.If(this=cmp(exp.EQ, n.copy(), zero), true=empty),
+            exp.If(this=exp.Is(this=x(), expression=exp.Null()), true=null),
+            exp.If(this=exp.and_(cmp(exp.GT, nn.copy(), zero), exp.Paren(
+                this=some[(op, every)])), true=found),
+            exp.If(this=cmp(exp.LT, nn.copy(), n.copy()), true=null.copy())],
+            default=empty.copy())
         return scope, exp.Paren(this=value)
 
     def exists_mark(self, node: exp.Exists, scope: Scope, ctes: dict[str, Node]
@@ -389,11 +454,12 @@ def _or_over_no_rows(label: str, value: exp.Expression) -> exp.Expression:
 
 
 def _is_scalar(sub: exp.Subquery, select: exp.Select) -> bool:
-    """A subquery of ``select`` itself used as a value (not in FROM, JOIN, IN, a set
-    operation or a nested SELECT)."""
+    """A subquery of ``select`` itself used as a value (not in FROM, JOIN, IN, ANY, ALL, a
+    set operation or a nested SELECT)."""
     return (sub.find_ancestor(exp.Select) is select
             and not isinstance(sub.parent, (exp.From, exp.Join, exp.Union, exp.Except,
-                                            exp.Intersect, exp.In, exp.Exists)))
+                                            exp.Intersect, exp.In, exp.Exists, exp.Any,
+                                            exp.All)))
 
 
 def _clause(node: exp.Expression, select: exp.Select) -> str | None:
@@ -454,6 +520,19 @@ def _is_top_conjunct(node: exp.Expression, select: exp.Select) -> bool:
                                                                                  exp.Exists):
             return True
     return False
+
+
+_QUANTIFIED = {exp.EQ: "=", exp.NEQ: "<>", exp.GT: ">", exp.GTE: ">=", exp.LT: "<",
+               exp.LTE: "<="}
+
+
+def _quantified(node: exp.Expression) -> exp.Expression | None:
+    """The subquery of a comparison ``x <op> ANY / ALL (subquery)``, else None."""
+    q = node.args.get("expression") if type(node) in _QUANTIFIED else None
+    if not isinstance(q, (exp.Any, exp.All)):
+        return None
+    query = q.this.this if isinstance(q.this, exp.Subquery) else q.this
+    return query if isinstance(query, (exp.Select, exp.Union)) else None
 
 
 def _column(label: str, column: str) -> exp.Column:
