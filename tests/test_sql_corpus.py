@@ -73,16 +73,16 @@ SELECT col1, COUNT(*) FROM tab0 t GROUP BY col1 HAVING COUNT(*) > (SELECT COUNT(
 SELECT col1, (SELECT MAX(u.col0) FROM tab1 u WHERE u.col2 < t.col1), SUM(col2) FROM tab0 t GROUP BY col1
 SELECT cor0.col1 FROM tab0 cor0 LEFT JOIN tab1 cor1 ON cor0.col2 > cor1.col2
 SELECT x1, (SELECT count(*) FROM s2 WHERE b2 < a1) FROM s1, s3 WHERE a1 = a3
+SELECT col0 FROM tab0 WHERE col1 > ALL (SELECT col1 FROM tab1)
+SELECT col0, col1 = ANY (SELECT col1 FROM tab1) AS e FROM tab0
 """.strip().splitlines()
 
 REFUSED = {
     # a streaming table's columns need distinct names
     "SELECT ALL * FROM tab1, tab2 AS cor0 WHERE NOT NULL IS NOT NULL":
         "duplicate output column 'col0'",
-    "SELECT col0 FROM tab0 WHERE col1 > ALL (SELECT col1 FROM tab1)":
-        "x <op> ALL (subquery) is not supported",
-    "SELECT col0 FROM tab0 WHERE col1 = ANY (SELECT col1 FROM tab1)":
-        "x <op> ANY (subquery) is not supported",
+    "SELECT col0 FROM tab0 t WHERE col1 > ALL (SELECT u.col1 FROM tab1 u WHERE u.col0 = t.col0)":
+        "a correlated x > ALL (subquery) is not supported",
     "SELECT (SELECT col1 FROM tab1) FROM tab0": "must return at most one row",
     "SELECT col0 FROM tab0 t WHERE col1 > (SELECT u.col1 FROM tab1 u WHERE u.col0 = t.col0)":
         "a correlated scalar subquery must be an aggregate",
