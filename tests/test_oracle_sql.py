@@ -57,6 +57,9 @@ TABLES = {
         LEFT JOIN (SELECT k, g, v FROM c_app) y USING (k, g)""",
     "using_full": """SELECT k, a.id AS aid, b.id AS bid, a.k AS ak FROM a_cdc a
         FULL JOIN b_cdc b USING (k)""",
+    "using_chain": """SELECT * FROM (SELECT k, id AS aid FROM a_cdc) a
+        JOIN (SELECT k, id AS bid FROM b_cdc) b USING (k)
+        LEFT JOIN (SELECT k, v FROM c_app WHERE v > 50) c USING (k)""",
     # SUM / AVG (DISTINCT) beside other aggregates; a global one (COUNT over no rows is 0)
     "sum_distinct": """SELECT g, SUM(DISTINCT k) AS sk, AVG(DISTINCT k) AS ak,
         COUNT(DISTINCT k) AS ck, COUNT(*) AS n, AVG(d) AS ad, MIN(v) AS mv

@@ -59,7 +59,7 @@ class JoinBinding:
         if dup:
             raise self.error(f"table name or alias {sorted(dup)[0]!r} appears twice in FROM: "
                              "give each occurrence its own alias", j.this)
-        lnames, lrels = left.qualified(next(iter(left.rels[0].aliases)))
+        lnames, lrels = left.qualified(next(iter(left.rels[0].aliases), "_from"))
         rnames, rrels = right.qualified(next(iter(right.rels[0].aliases)))
         if using:
             lnode, rnode, residual = left.node, right.node, None
