@@ -94,12 +94,16 @@ class SubqueryBinding:
         condition AND-ed in WHERE (those are semi / anti joins), and each ``x <op> ANY /
         ALL (subquery)``, replaced by its truth value per row, read from LEFT JOINs (a mark
         join), and the scope so joined."""
+        def is_mark(n: exp.Expression, s: exp.Select) -> bool:
+            if n.find_ancestor(exp.Select) is not s:
+                return False
+            if isinstance(n, tuple(_QUANTIFIED)):
+                return _quantified(n) is not None
+            return (isinstance(n, exp.Exists) or n.args.get("query") is not None) \
+                and not _is_top_conjunct(n, s)
+
         def marks(s: exp.Select) -> list[exp.Expression]:
-            return [n for n in s.find_all(exp.In, exp.Exists, *_QUANTIFIED)
-                    if n.find_ancestor(exp.Select) is s and (
-                        _quantified(n) is not None or not isinstance(n, tuple(_QUANTIFIED))
-                        and (isinstance(n, exp.Exists) or n.args.get("query") is not None)
-                        and not _is_top_conjunct(n, s))]
+            return [n for n in s.find_all(exp.In, exp.Exists, *_QUANTIFIED) if is_mark(n, s)]
 
         if not marks(select):
             return select, scope
