@@ -202,23 +202,24 @@ class SubqueryBinding:
             return exp.Paren(this=node.this.copy())
 
         def cmp(kind: type, a: exp.Expression, b: exp.Expression) -> exp.Expression:
-            return kind(this=a, expression=b)
-        # ANY: some value v with x <op> v; ALL: some value v with NOT (x <op> v)
-        differs = exp.or_(cmp(exp.NEQ, lo.copy(), x()), cmp(exp.NEQ, hi.copy(), x()))
-        some = {(">", False): cmp(exp.GT, x(), lo), (">=", False): cmp(exp.GTE, x(), lo),
-                ("<", False): cmp(exp.LT, x(), hi), ("<=", False): cmp(exp.LTE, x(), hi),
-                ("<>", False): differs, ("=", True): differs,
-                (">", True): cmp(exp.LTE, x(), hi), (">=", True): cmp(exp.LT, x(), hi),
-                ("<", True): cmp(exp.GTE, x(), lo), ("<=", True): cmp(exp.GT, x(), lo)}
+            return kind(this=a.copy(), expression=b.copy())
+        # ANY: some value v with x <op> v; ALL: some value v with NOT (x <op> v); as the
+        # comparison with the least or greatest value (``differs``: with either)
+        kind, bound = {(">", False): (exp.GT, lo), (">=", False): (exp.GTE, lo),
+                       ("<", False): (exp.LT, hi), ("<=", False): (exp.LTE, hi),
+                       (">", True): (exp.LTE, hi), (">=", True): (exp.LT, hi),
+                       ("<", True): (exp.GTE, lo), ("<=", True): (exp.GT, lo)}.get(
+            (op, every), (None, None))
+        some = cmp(kind, x(), bound) if kind is not None else exp.or_(
+            cmp(exp.NEQ, lo, x()), cmp(exp.NEQ, hi, x()))
         found, empty = (exp.false(), exp.true()) if every else (exp.true(), exp.false())
         null = exp.Cast(this=exp.Null(), to=exp.DataType.build("BOOLEAN"))
         zero = exp.Literal.number(0)
         value = exp.Case(ifs=[
-            exp.If(this=cmp(exp.EQ, n.copy(), zero), true=empty),
+            exp.If(this=cmp(exp.EQ, n, zero), true=empty),
             exp.If(this=exp.Is(this=x(), expression=exp.Null()), true=null),
-            exp.If(this=exp.and_(cmp(exp.GT, nn.copy(), zero), exp.Paren(
-                this=some[(op, every)])), true=found),
-            exp.If(this=cmp(exp.LT, nn.copy(), n.copy()), true=null.copy())],
+            exp.If(this=exp.and_(cmp(exp.GT, nn, zero), exp.Paren(this=some)), true=found),
+            exp.If(this=cmp(exp.LT, nn, n), true=null.copy())],
             default=empty.copy())
         return scope, exp.Paren(this=value)
 
