@@ -21,12 +21,16 @@ CREATE STREAMING TABLE per_k AS SELECT k, COUNT(*) AS n, SUM(v) AS s, AVG(d) AS 
 BUCKETS = 4
 
 
+def project(root, sql: str):
+    """A project at ``root`` of ``sql``; the SQL and the project's warehouse."""
+    (root / "sql").mkdir()
+    (root / "sql" / "t.sql").write_text(sql)
+    return sql, root / "warehouse"
+
+
 def test_later_runs_map_the_buckets_earlier_runs_kept(spark, tmp_path):
     src = RandomInput(17, debezium=True)
-    (tmp_path / "sql").mkdir()
-    sql = SQL.format(ddl=src.ddl())
-    (tmp_path / "sql" / "t.sql").write_text(sql)
-    warehouse = tmp_path / "warehouse"
+    sql, warehouse = project(tmp_path, SQL.format(ddl=src.ddl()))
     seen = []
     for round_no in range(4):
         write_lines(tmp_path / "data" / "src", f"f{round_no}.json", src.lines(40))
@@ -59,10 +63,7 @@ def test_the_driver_paths_next_run_maps_what_the_last_run_held(spark, tmp_path, 
     from octo_platform.runtime.operators import kernels
 
     src = RandomInput(18, debezium=True)
-    (tmp_path / "sql").mkdir()
-    sql = SQL.format(ddl=src.ddl())
-    (tmp_path / "sql" / "t.sql").write_text(sql)
-    warehouse = tmp_path / "warehouse"
+    sql, warehouse = project(tmp_path, SQL.format(ddl=src.ddl()))
     monkeypatch.setenv(bucket_cache.CACHE_ENV, str(tmp_path / "cache"))
     reads = []
     for name, module in (("_latest", kernels), ("read_bucket", driver)):
@@ -99,10 +100,7 @@ def test_a_joins_tasks_find_their_keys_in_the_files_the_machine_kept(spark, tmp_
     hash, and later batches find their keys' rows there; lost entries are read again, and
     the tables equal the batch query after every round."""
     a, b = RandomInput(21, debezium=True), RandomInput(22, debezium=False)
-    (tmp_path / "sql").mkdir()
-    sql = JOIN_SQL.format(ddl=a.ddl())
-    (tmp_path / "sql" / "t.sql").write_text(sql)
-    warehouse = tmp_path / "warehouse"
+    sql, warehouse = project(tmp_path, JOIN_SQL.format(ddl=a.ddl()))
     seen = []
     for round_no in range(4):
         write_lines(tmp_path / "data" / "a", f"f{round_no}.json", a.lines(40))

@@ -99,20 +99,16 @@ def conjuncts(e: exp.Expression) -> list[exp.Expression]:
     branch of an OR is factored out of it, as Spark's optimizer does: ``(a AND x) OR (a AND
     y)`` is ``a AND (x OR y)`` (in SQL's three-valued logic too), so a join key written in
     each branch (TPC-H q19) is a join key."""
-    while isinstance(e, exp.Paren):
-        e = e.this
-    if isinstance(e, exp.And):
-        return conjuncts(e.this) + conjuncts(e.expression)
-    if isinstance(e, exp.Or):
-        return _factored(e)
-    return [e]
+    return [c for part in _parts(e, exp.And)
+            for c in (_factored(part) if isinstance(part, exp.Or) else [part])]
 
 
-def _disjuncts(e: exp.Expression) -> list[exp.Expression]:
+def _parts(e: exp.Expression, kind: type) -> list[exp.Expression]:
+    """The operands of nested ``kind`` (AND, OR) nodes, parentheses looked through."""
     while isinstance(e, exp.Paren):
         e = e.this
-    if isinstance(e, exp.Or):
-        return _disjuncts(e.this) + _disjuncts(e.expression)
+    if isinstance(e, kind):
+        return _parts(e.this, kind) + _parts(e.expression, kind)
     return [e]
 
 
@@ -124,10 +120,10 @@ def _same(e: exp.Expression) -> str:
 
 
 def _factored(e: exp.Or) -> list[exp.Expression]:
-    branches = [conjuncts(b) for b in _disjuncts(e)]
+    branches = [conjuncts(b) for b in _parts(e, exp.Or)]
+    # (a part holding a subquery stays where it is written: it binds there)
     common = [c for c in branches[0] if c.find(exp.Select) is None and all(
-        any(_same(c) == _same(o) for o in b) for b in branches[1:])]  # (subqueries bind
-    # where they are written)
+        any(_same(c) == _same(o) for o in b) for b in branches[1:])]
     if not common:
         return [e]
     shared = {_same(c) for c in common}

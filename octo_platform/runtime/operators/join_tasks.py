@@ -143,14 +143,14 @@ class _JoinTask:
         deltas = {s: t.drop_columns([BUCKET]).rename_columns(step.row(s))
                   for s, t in (("l", left), ("r", right))}
         cut = None if self.ttl is None else self.ttl[1]
+        hashes = {x: key_hash(deltas[x], list(step.kcols[x])) for x in "lr"}  # None: no hash
         old, mine, whole = {}, {}, {}
         for s, (path, log), schema in zip("lr", self.tables, (f.schema for f in self.files)):
             mine[s] = log.get(bucket, [])
             # each side's rows of the join keys the other side's rows touch (what an inner
             # join matches), or of those either side touches (outer, semi, anti)
-            probe = [deltas[x].select(list(step.kcols[x])) for x in "lr"
-                     if x != s or step.kind != "inner"]
-            found, whole[s] = self.side(s, path, bucket, mine[s], schema, probe)
+            asked = [hashes[x] for x in "lr" if x != s or step.kind != "inner"]
+            found, whole[s] = self.side(s, path, bucket, mine[s], schema, asked)
             old[s] = unexpired(found, cut).select(schema.names[:len(step.row(s))]) \
                 .rename_columns(step.row(s))
         out, delta, found = step.run(deltas, old, first_id=bucket << 32)
@@ -173,14 +173,13 @@ class _JoinTask:
         return schema.names[len(row) - len(self.step.kcols[s]):len(row)]
 
     def side(self, s: str, path: str, bucket: int, files: list[Any], schema: pa.Schema,
-             probe: list[pa.Table]) -> tuple[pa.Table, Callable[[], pa.Table]]:
-        """A side's stored rows in ``bucket`` (its log's ``files``) of the join keys in
-        ``probe`` (tables of key columns), or more; and a function of all of them (a
-        compaction's). From the machine's file entries (``bucket_cache.file_rows``) where
-        the keys hash, else read whole."""
+             asked: list[np.ndarray | None]) -> tuple[pa.Table, Callable[[], pa.Table]]:
+        """A side's stored rows in ``bucket`` (its log's ``files``) of the join keys whose
+        hashes are ``asked`` (``key_hash`` of batch rows; None: the keys have none), or
+        more; and a function of all of them (a compaction's). From the machine's file
+        entries (``bucket_cache.file_rows``) where the keys hash, else read whole."""
         keys = self.keys(s, schema)
         names = [f["path"] for f in files]
-        asked = [key_hash(p.rename_columns(keys), keys) for p in probe]
         hashed = all(a is not None for a in asked)
         entries = []
         for name in names if hashed else ():
