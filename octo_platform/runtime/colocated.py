@@ -74,20 +74,27 @@ def covered(pipe: TableRun, image: pa.Schema) -> bool:
 
 class ColocatedEvents:
     """A batch's change events as the files its tasks wrote (``outputs``), counted by op
-    (``sink.Events``' counterpart). ``files``: the tasks' rows (``TableWriter.write``'s),
-    read by both outputs (a checkpoint, or one that the outputs' job computes once)."""
+    (``sink.Events``' counterpart). ``files``: the tasks' rows, ``TableWriter.write``'s
+    (or, with ``pick`` as ``writes.Output.pick``, those of the rows it picks, in that struct
+    column), read by one leg of the write job: the observed frame (``frame``) is the one the
+    frame's other readers in the job must read too."""
 
     appended = False
     current = None
 
-    def __init__(self, files: DataFrame, writer: TableWriter) -> None:
-        observed, self.observation = observe(files, *[f"sum({op}) AS {op}" for op in _OPS])
-        written = [f.name for f in written_schema()]
+    def __init__(self, files: DataFrame, writer: TableWriter,
+                 pick: tuple[str | None, str] = (None, "")) -> None:
+        where, column = pick
+        field = (lambda c: f"{column}.{c}") if column else (lambda c: c)
+        mine = (lambda c: f"CASE WHEN {where} THEN {field(c)} END") if where else field
+        self.frame, self.observation = observe(files, *[f"sum({mine(op)}) AS {op}"
+                                                        for op in _OPS])
+        out = field(_OUT)
         self.outputs = [
-            Output("changelog", writer.changelog,
-                   observed.filter(f"{_OUT} = 0").select(*written),
-                   written=writer.events_schema()),
-            writer.current.output(files.filter(f"{_OUT} = 1").select(*written))]
+            Output("changelog", writer.changelog, self.frame, written=writer.events_schema(),
+                   pick=(" AND ".join([*([where] if where else []), f"{out} = 0"]), column)),
+            writer.current.output(self.frame, (" AND ".join(
+                [*([where] if where else []), f"{out} = 1"]), column))]
 
     def counts(self, known: dict[str, dict[str, Any]] | None = None) -> dict[str, int]:
         """Events by op (``known``: ``BatchContext.observed``)."""
@@ -116,7 +123,7 @@ def colocated_events(pipe: TableRun, ctx: BatchContext, delta: DataFrame, ts_ms:
     writer = table_writer(pipe, ctx.batch, ts_ms, pinned, arrow_schema(delta.schema))
     if writer is None:
         return None
-    return ColocatedEvents(ctx.checkpoint(delta.mapInArrow(writer.run, FILES_DDL)), writer)
+    return ColocatedEvents(delta.mapInArrow(writer.run, FILES_DDL), writer)
 
 
 @dataclass(frozen=True)
@@ -134,6 +141,10 @@ class TableWriter:
     changelog: str  # the changelog's path
     token: str  # the start of its files' names (``writes.file_token``)
     current: CurrentBuckets
+
+    def written(self, files: DataFrame, pick: tuple[str, str]) -> ColocatedEvents:
+        """The events these tasks wrote: ``files`` as ``ColocatedEvents`` takes them."""
+        return ColocatedEvents(files, self, pick)
 
     def events(self, delta: pa.Table) -> pa.Table:
         return change_events(delta, self.columns, self.pk, table=self.table, batch=self.batch,

@@ -141,11 +141,11 @@ class CurrentBuckets:
     token: str  # the start of the files' names (``writes.file_token``)
     counts: Any = None  # ``TableRun.cache_counts``
 
-    def output(self, files: DataFrame) -> Output:
-        """The write job's output of the files the tasks wrote (``files``): it replaces the
-        buckets the changelog's files report."""
+    def output(self, files: DataFrame, pick: tuple[str | None, str] = (None, "")) -> Output:
+        """The write job's output of the files the tasks wrote (``files``, as ``pick`` says:
+        ``writes.Output.pick``): it replaces the buckets the changelog's files report."""
         return Output("current", self.path, files, bucketed=True, replace_reported="changelog",
-                      written=self.image.append(pa.field(BUCKET, pa.int32())))
+                      written=self.image.append(pa.field(BUCKET, pa.int32())), pick=pick)
 
     def run(self, key: tuple, events: pa.Table) -> pa.Table:
         return pa.Table.from_pylist(self.bucket(key[0].as_py(), events),

@@ -40,7 +40,7 @@ def encode(pipe: TableRun, ctx: BatchContext, delta: DataFrame, ts_ms: int,
     plan = pipe.table.physical
     columns = plan.root.columns
     if ctx.sunk is not None:  # the operator's tasks wrote the table
-        return ColocatedEvents(*ctx.sunk)
+        return ctx.sunk
     if colocated(pipe, resumed=resumed) and not appends_current(pipe, pinned):
         done = colocated_events(pipe, ctx, delta, ts_ms, pinned)
         if done is not None:
@@ -109,6 +109,7 @@ def write_batch(pipe: TableRun, ctx: BatchContext, events: Events | ColocatedEve
                               replace=set(w.replace) if w.replace else
                               None if w.buckets is None else set(w.buckets),
                               remove=w.remove, prefix=w.prefix, written=w.written,
+                              pick=w.pick,
                               replace_reported=key if w.replace_reported else None))
     if isinstance(events, ColocatedEvents):
         outputs += events.outputs

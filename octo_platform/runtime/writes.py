@@ -58,8 +58,12 @@ class Output:
     buckets output ``replace_reported`` reported (and is skipped when that is none and the
     output wrote nothing, the table existing); ``written``: ``frame`` holds files its
     tasks wrote into the table (``WRITTEN_SCHEMA``), not rows, and this is the table's
-    schema; ``if_any``: no commit when the output has no rows. Outputs with the same ``key``
-    go to one commit."""
+    schema; ``pick``: of such a ``frame``, the rows that are this output's files (an SQL
+    condition, None for all) and the struct column that holds each ("": the frame's own
+    columns). Outputs of files picked from one frame (the same object; disjoint
+    conditions) share one leg of the job, so the tasks behind the frame run once, with no
+    checkpoint between. ``if_any``: no commit when the output has no rows. Outputs with
+    the same ``key`` go to one commit."""
 
     key: str
     path: str
@@ -71,6 +75,7 @@ class Output:
     report: str | None = None
     replace_reported: str | None = None
     written: pa.Schema | None = None
+    pick: tuple[str | None, str] = (None, "")
     if_any: bool = False
 
 
@@ -110,9 +115,14 @@ def write_outputs(outputs: list[Output], *, batch: int, store: Store,
         if o.written is None]
     meta = [(o.path, o.bucketed, schemas[i], file_token(o.prefix, batch), o.report)
             for i, o in enumerate(todo)]
-    # Files the outputs' own tasks wrote, beside those the writer writes, in the same job.
-    jobs = [o.frame.selectExpr(f"CAST({i} AS INT) AS o", "*") for i, o in enumerate(todo)
-            if o.written is not None]
+    # Files the outputs' own tasks wrote, beside those the writer writes, in the same job:
+    # a leg per frame they are picked from.
+    legs: dict[int, list[int]] = {}
+    for i, o in enumerate(todo):
+        if o.written is not None:
+            legs.setdefault(id(o.frame), []).append(i)
+    jobs = [_picked(todo[mine[0]].frame, [(i, *todo[i].pick) for i in mine])
+            for mine in legs.values()]
     # One write task per core, not one per output partition: a task's fixed cost (a
     # Python worker's Arrow stream, its files) is what a small batch pays most for.
     tasks = todo[0].frame.sparkSession.sparkContext.defaultParallelism
@@ -159,6 +169,21 @@ def write_outputs(outputs: list[Output], *, batch: int, store: Store,
             (set().union(*replaced) if replaced else None),
             remove=tuple(p for i in mine for p in todo[i].remove))
     return written
+
+
+def _picked(frame: DataFrame, picks: list[tuple[int, str | None, str]]) -> DataFrame:
+    """The leg of the outputs ``picks`` (each: its index, ``Output.pick``) of files written
+    by the tasks behind ``frame``: per file, its output (``o``) and ``WRITTEN_SCHEMA``."""
+    def case(value: Callable[[int, str], str]) -> str:
+        if len(picks) == 1 and picks[0][1] is None:
+            return value(picks[0][0], picks[0][2])
+        return "CASE " + " ".join(f"WHEN {cond or 'TRUE'} THEN {value(i, column)}"
+                                  for i, cond, column in picks) + " END"
+
+    leg = frame.selectExpr(f"CAST({case(lambda i, _: str(i))} AS INT) AS o", *[
+        f"{case(lambda _, column: f'{column}.{c}' if column else c)} AS {c}"
+        for c, _ in _WRITTEN_COLUMNS])
+    return leg if len(picks) == 1 and picks[0][1] is None else leg.filter("o IS NOT NULL")
 
 
 def written_schema() -> pa.Schema:

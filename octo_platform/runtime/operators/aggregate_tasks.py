@@ -106,10 +106,13 @@ def run_aggregate(node: PAggregate, ctx: BatchContext, delta: DataFrame) -> Data
     if not node.keys and not ctx.state_log(node.id):  # the one group's first row, even
         visited.add(0)  # over no input rows
     rows = visits(rows, WEIGHT, visited)
-    out = ctx.checkpoint(grouped(ctx, rows).applyInArrow(functools.partial(run_group, task),
-                                                         schema))
-    if sink is not None:  # the tasks wrote the table: no output Δ to compute here
-        ctx.sunk = (out.filter(f"{PART} = {_SINK}").selectExpr("w.*"), sink[0].writer)
+    out = grouped(ctx, rows).applyInArrow(functools.partial(run_group, task), schema)
+    if sink is None:
+        out = ctx.checkpoint(out)
+    else:  # the tasks wrote the table: no output Δ to compute here, and the write job's
+        # one leg over their rows is all that reads them (no checkpoint)
+        ctx.sunk = sink[0].writer.written(out, (f"{PART} = {_SINK}", "w"))
+        out = ctx.sunk.frame
     return stage_logs(ctx, out, tables, due, files)
 
 

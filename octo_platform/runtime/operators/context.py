@@ -37,8 +37,9 @@ class StagedWrite:
     for a full compaction), with ``remove`` naming the files a compaction replaces
     (``bucketed``: a log partitioned by ``_bucket``, a column of ``data``). With
     ``written`` (the table's schema), ``data`` is files that tasks wrote into the table
-    (``writes.WRITTEN_SCHEMA`` rows; one without a path names a bucket only); with
-    ``replace_reported`` too, they are the new contents of the buckets their rows name."""
+    (``writes.WRITTEN_SCHEMA`` rows; one without a path names a bucket only), picked from
+    ``data`` as ``pick`` says (``writes.Output.pick``); with ``replace_reported`` too, they
+    are the new contents of the buckets their rows name."""
 
     table: str
     data: DataFrame
@@ -48,6 +49,7 @@ class StagedWrite:
     bucketed: bool = False
     replace: tuple[int, ...] | None = None  # buckets whose files the commit removes
     written: pa.Schema | None = None
+    pick: tuple[str | None, str] = (None, "")
     replace_reported: bool = False
 
 
@@ -81,10 +83,10 @@ class BatchContext:
     # state_ttl: state rows written by this batch or earlier ones are expired.
     expired_through: int | None = None
     # The table's own writer, offered to the operator under the plan's root (``Sink``); an
-    # operator whose tasks write the table with it sets ``sunk``: (the files they wrote, as
-    # the writer's rows; the writer).
+    # operator whose tasks write the table with it sets ``sunk``: the change events they
+    # wrote (``TableWriter.events``).
     sink: Sink | None = None
-    sunk: tuple[DataFrame, Any] | None = None
+    sunk: Any = None
     # What the tasks add their state buckets' cache lookups to (``bucket_cache.counter``).
     cache_counts: Any = None
     # Partitions of an operator's exchange by bucket, its tasks (``Pipeline.tasks``; 0:

@@ -68,8 +68,8 @@ def run_partitioned(node: PTopN | PSession | POver, ctx: BatchContext, delta: Da
     rows = rows.selectExpr("*", f"{bucket_sql(node.partition, ctx.buckets)} AS {BUCKET}")
     out = ctx.checkpoint(grouped(ctx, rows).applyInArrow(functools.partial(run_group, task),
                                                          schema))
-    ctx.writes.append(StagedWrite(node.id, out.filter(f"{PART} = 1").selectExpr("f.*"), None,
-                                  bucketed=True, written=files.committed(),
+    ctx.writes.append(StagedWrite(node.id, out, None, bucketed=True,
+                                  written=files.committed(), pick=(f"{PART} = 1", "f"),
                                   replace_reported=True))
     return out.filter(f"{PART} = 0").selectExpr("o.*")
 

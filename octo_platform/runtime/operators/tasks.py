@@ -106,12 +106,13 @@ def visits(rows: DataFrame, weight: str, buckets: set[int]) -> DataFrame:
     elsewhere): its task then runs even where the batch changes nothing."""
     if not buckets:
         return rows
-    spark = rows.sparkSession
     types = {f.name: f.dataType.simpleString() for f in rows.schema.fields}
-    ids = spark.createDataFrame([(b,) for b in sorted(buckets)], f"{BUCKET} INT")
-    return rows.unionByName(ids.selectExpr(*[
+    # One row exploded in one partition: no rows sent from Python, and one task, not one
+    # per core (a local relation's).
+    ids = rows.sparkSession.range(0, 1, 1, 1).selectExpr(*[
         f"CAST({0 if c == weight else 'NULL'} AS {t}) AS {quote(c)}" for c, t in types.items()
-        if c != BUCKET], BUCKET))
+        if c != BUCKET], f"explode(array({', '.join(map(str, sorted(buckets)))})) AS {BUCKET}")
+    return rows.unionByName(ids)
 
 
 def grouped(ctx: BatchContext, rows: DataFrame) -> Any:
@@ -202,6 +203,6 @@ def stage_logs(ctx: BatchContext, out: DataFrame, tables: list[str], due: list[s
     (``o``'s columns)."""
     for j, (t, f) in enumerate(zip(tables, files)):
         ctx.writes.append(StagedWrite(
-            t, out.filter(f"{PART} IN ({1 + 2 * j}, {2 + 2 * j})").selectExpr("f.*"), None,
-            bucketed=True, replace=tuple(sorted(due[j])) or None, written=f.committed()))
+            t, out, None, bucketed=True, replace=tuple(sorted(due[j])) or None,
+            written=f.committed(), pick=(f"{PART} IN ({1 + 2 * j}, {2 + 2 * j})", "f")))
     return out.filter(f"{PART} = 0").selectExpr("o.*")
