@@ -191,11 +191,12 @@ class AggregateStep:
         dk, dcols = safe_keys(_prefixed(d, "d."), [f"d.{k}" for k in keys], "_d")
         ok, ocols = safe_keys(_prefixed(before, "o."), [f"o.{k}" for k in keys], "_o")
         ok = ok.append_column(_ROW, pa.array(np.arange(ok.num_rows, dtype=np.int64)))
-        old = key_join(ok, dk.select(dcols), ocols, dcols, "left semi")
+        # Each touched group beside its state row, if any: one join, hashing the batch's
+        # groups (the smaller side) and probing the state.
+        both = key_join(ok, dk, ocols, dcols, "right outer")
         hit = np.zeros(ok.num_rows, bool)  # the state rows of the groups the batch touches
-        hit[old[_ROW].to_numpy()] = True
-        table = self.accumulators(key_join(dk, old.drop_columns([_ROW]), dcols, ocols,
-                                           "left outer"))
+        hit[pc.drop_null(both[_ROW]).to_numpy()] = True
+        table = self.accumulators(both.drop_columns([_ROW]))
         changes = table.select([*keys, f"n{COUNT}", *[f"n{f}" for f in
                                                       self.state.names[len(keys) + 1:]]])
         changes = with_batch_column(changes.rename_columns(self.state.names), self.batch)
