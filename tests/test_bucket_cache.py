@@ -150,3 +150,45 @@ def test_file_entries_find_the_rows_of_the_hashes_asked(tmp_path, monkeypatch):
     bucket_cache.forget_files("t", 0, ["delta-2.parquet"])
     _, hit = bucket_cache.file_rows("t", 0, "delta-1.parquet", read, ["k", "s"])
     assert not hit and reads == [1, 1]
+
+
+def test_a_joins_tasks_merge_its_delta_files_without_rewriting_its_base(spark, tmp_path,
+                                                                       monkeypatch):
+    """Once a join side's bucket has more delta writes than ``MERGE_DELTAS`` (2 here), its
+    task merges those deltas alone into one delta file: the base files stay as the first
+    batch wrote them, older deltas go, and the tables equal the batch query throughout."""
+    from deltalake import DeltaTable
+
+    from octo_platform.runtime import state_log
+
+    monkeypatch.setattr(state_log, "MERGE_DELTAS", 2)
+    a, b = RandomInput(23, debezium=True), RandomInput(24, debezium=False)
+    sql, warehouse = project(tmp_path, JOIN_SQL.format(ddl=a.ddl()))
+    sides = [str(p) for p in sorted((warehouse / "_octo" / "j" / "state").glob("*"))]
+    bases, merged, earlier = None, False, set()
+    for round_no in range(7):
+        n = 400 if round_no == 0 else 3
+        write_lines(tmp_path / "data" / "a", f"f{round_no}.json", a.lines(n))
+        write_lines(tmp_path / "data" / "b", f"f{round_no}.json", b.lines(n))
+        run_tables(spark, tmp_path, options=default_options(
+            buckets=BUCKETS, progress=None, driver_rows=0), until_idle=True)
+        sides = sides or [str(p) for p in sorted((warehouse / "_octo" / "j" / "state")
+                                                 .glob("*"))]
+        files = sorted(f for side in sides for f in DeltaTable(side).file_uris())
+        base = [f for f in files if "/base-" in f]
+        generations: dict[str, set[str]] = {}  # per side's bucket, its delta writes
+        for f in files:
+            where, name = f.rsplit("/", 1)
+            if name.startswith("delta-"):
+                generations.setdefault(where, set()).add(name.split("-")[1])
+        if bases is None:
+            bases = base
+        assert base == bases  # never rewritten: the deltas are far fewer rows
+        assert all(len(g) <= 3 for g in generations.values()), generations
+        deltas = {f for f in files if "/delta-" in f}
+        merged |= bool(earlier - deltas)  # merged away, the base kept
+        earlier = deltas
+        if round_no in (0, 3, 6):
+            check_tables(spark, warehouse, sql, {"a": a.relation(), "b": b.relation()},
+                         {"j": False, "l": False}, round_no)
+    assert len(sides) == 2 and bases and merged

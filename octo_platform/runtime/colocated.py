@@ -86,15 +86,13 @@ class ColocatedEvents:
                  pick: tuple[str | None, str] = (None, "")) -> None:
         where, column = pick
         field = (lambda c: f"{column}.{c}") if column else (lambda c: c)
-        mine = (lambda c: f"CASE WHEN {where} THEN {field(c)} END") if where else field
-        self.frame, self.observation = observe(files, *[f"sum({mine(op)}) AS {op}"
-                                                        for op in _OPS])
-        out = field(_OUT)
+        self.frame, self.observation = observe(files, *[
+            f"sum(CASE WHEN {where or 'TRUE'} THEN {field(op)} END) AS {op}" for op in _OPS])
+        table = [" AND ".join(c for c in (where, f"{field(_OUT)} = {i}") if c) for i in (0, 1)]
         self.outputs = [
             Output("changelog", writer.changelog, self.frame, written=writer.events_schema(),
-                   pick=(" AND ".join([*([where] if where else []), f"{out} = 0"]), column)),
-            writer.current.output(self.frame, (" AND ".join(
-                [*([where] if where else []), f"{out} = 1"]), column))]
+                   pick=(table[0], column)),
+            writer.current.output(self.frame, (table[1], column))]
 
     def counts(self, known: dict[str, dict[str, Any]] | None = None) -> dict[str, int]:
         """Events by op (``known``: ``BatchContext.observed``)."""

@@ -334,8 +334,10 @@ class AggregateStep:
         dv = dv.rename_columns([unsuffix(c, [("dcnt", "sum")]) for c in dv.column_names])
         ok, ocols = safe_keys(_prefixed(before, "o."), [f"o.{c}" for c in names], "_o")
         dk, dcols = safe_keys(_prefixed(dv, "d."), [f"d.{c}" for c in names], "_d")
-        both = key_join(dk, key_join(ok, dk.select(dcols), ocols, dcols, "left semi"),
-                        dcols, ocols, "left outer")
+        ok = ok.append_column(_ROW, pa.array(np.arange(ok.num_rows, dtype=np.int64)))
+        both = key_join(ok, dk, ocols, dcols, "right outer")  # as ``run``'s
+        hit = np.zeros(ok.num_rows, bool)
+        hit[pc.drop_null(both[_ROW]).to_numpy()] = True
         cnt = pc.add(pc.fill_null(both["o.cnt"], 0), both["d.dcnt"])
         changed = pa.table({**{c: pc.coalesce(both[f"d.{c}"], both[f"o.{c}"]) for c in names},
                             "cnt": cnt})
@@ -347,8 +349,7 @@ class AggregateStep:
             gone = key_join(gk, ck.select(ccols), gcols, ccols, "left anti").select(names)
             gone = gone.append_column("cnt", pa.repeat(pa.scalar(0, pa.int64()), gone.num_rows))
             changed = concat([changed, with_batch_column(gone, self.batch)], self.ms_logged(i))
-        kept = key_join(ok, dk.select(dcols), ocols, dcols, "left anti").select(
-            [f"o.{c}" for c in before.column_names]).rename_columns(before.column_names)
+        kept = before.filter(pa.array(~hit))
         after = concat([kept, changed.filter(pc.not_equal(changed["cnt"], 0))],
                        self.ms_logged(i))
         values = after

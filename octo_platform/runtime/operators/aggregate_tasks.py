@@ -53,6 +53,7 @@ from octo_platform.local_frames import arrow_schema
 from octo_platform.runtime.operators.context import BatchContext, bucket_sql
 from octo_platform.runtime.operators.tasks import (
     PART,
+    Due,
     Log,
     LogFiles,
     bucket_logs,
@@ -173,7 +174,7 @@ class _BucketTask:
     step: AggregateStep
     tables: list[Log]  # per state table
     files: list[LogFiles]  # per state table, where the task writes its new files
-    due: list[set[int]]  # per table, the buckets whose log is due for compaction
+    due: list[Due]  # per table, the buckets whose log is due for compaction (in full)
     out: pa.Schema
     reader: Callable[[str, str], Any]
     marks: tuple[int | None, int | None]  # the watermark before and after the batch

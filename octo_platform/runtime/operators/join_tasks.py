@@ -8,8 +8,10 @@ returns, as one tagged frame (``tasks``): the output Δ and the files it wrote. 
 found in the machine's cache (``bucket_cache.file_rows``: its rows sorted by key hash, kept
 by the task that wrote it or first read it there), by binary search, so a batch reads the rows of the keys it
 touches, not the sides' state. A bucket whose log is due for compaction is rewritten by its
-own task (its rows before the batch, multiplicities summed, become ``base`` files). The
-cost of a batch follows the keys it touches, not the size of either side.
+own task: its ``delta`` files' rows, multiplicities summed, become one ``delta`` file (a
+partial merge, the ``base`` files not read), or, once the deltas hold as many rows as the
+base, all its rows become ``base`` files. The cost of a batch follows the keys it touches,
+not the size of either side.
 
 Covered: joins of every kind, over columns Arrow groups. A residual condition is Spark SQL,
 applied to the tasks' output: to the matched pairs, and, for an outer, semi or anti join, to
@@ -41,6 +43,7 @@ from octo_platform.runtime.operators.join_frames import JoinFrames
 from octo_platform.runtime.state_log import BATCH, unexpired, with_batch
 from octo_platform.runtime.operators.tasks import (
     PART,
+    Due,
     Log,
     LogFiles,
     bucket_logs,
@@ -81,7 +84,7 @@ def run_join(node: PJoin, ctx: BatchContext, ldelta: DataFrame, rdelta: DataFram
     deferred = step.unmatched_sides() if node.residual else ""
     more = {"c": _candidates(op, keyed)} if deferred else {}
     schema = tagged_schema(_output(op, keyed), more)
-    logs, due = bucket_logs(ctx, tables)
+    logs, due = bucket_logs(ctx, tables, partial=True)
     files = log_files(ctx, tables, [stored[s] for s in "lr"])
     task = _JoinTask(step, tables=logs, files=files, due=due, out=arrow_schema(schema),
                      reader=ctx.reader, counts=ctx.cache_counts,
@@ -90,7 +93,8 @@ def run_join(node: PJoin, ctx: BatchContext, ldelta: DataFrame, rdelta: DataFram
     # hold a dot.
     sides = [keyed[s].toDF(*op.stored_names(s)).selectExpr(
         "*", f"{bucket_sql(op.stored_keys(s), ctx.buckets)} AS {BUCKET}") for s in "lr"]
-    sides[0] = visits(sides[0], COUNT, due[0] | due[1])  # due compactions run in their bucket
+    sides[0] = visits(sides[0], COUNT, {*due[0], *due[1]})  # due compactions run in their
+    # bucket
     by_bucket = [grouped(ctx, side) for side in sides]
     out = ctx.checkpoint(by_bucket[0].cogroup(by_bucket[1]).applyInArrow(
         functools.partial(run_cogroup, task), schema))
@@ -129,7 +133,7 @@ class _JoinTask:
     step: JoinStep
     tables: list[Log]  # per side
     files: list[LogFiles]  # per side, its log's schema and where the task writes
-    due: list[set[int]]  # per side, the buckets whose log is due for compaction
+    due: list[Due]  # per side, the buckets whose log is due for compaction
     out: pa.Schema
     reader: Callable[[str, str], Any]
     # ``state_ttl``: (this batch, the last batch whose rows expired, or None); each stored
@@ -144,13 +148,13 @@ class _JoinTask:
                   for s, t in (("l", left), ("r", right))}
         cut = None if self.ttl is None else self.ttl[1]
         hashes = {x: key_hash(deltas[x], list(step.kcols[x])) for x in "lr"}  # None: no hash
-        old, mine, whole = {}, {}, {}
+        old, mine, rows_of = {}, {}, {}
         for s, (path, log), schema in zip("lr", self.tables, (f.schema for f in self.files)):
             mine[s] = log.get(bucket, [])
             # each side's rows of the join keys the other side's rows touch (what an inner
             # join matches), or of those either side touches (outer, semi, anti)
             asked = [hashes[x] for x in "lr" if x != s or step.kind != "inner"]
-            found, whole[s] = self.side(s, path, bucket, mine[s], schema, asked)
+            found, rows_of[s] = self.side(s, path, bucket, mine[s], schema, asked)
             old[s] = unexpired(found, cut).select(schema.names[:len(step.row(s))]) \
                 .rename_columns(step.row(s))
         out, delta, found = step.run(deltas, old, first_id=bucket << 32)
@@ -160,11 +164,14 @@ class _JoinTask:
             if self.ttl is not None:
                 changes = changes.append_column(BATCH, pa.repeat(
                     pa.scalar(self.ttl[0], pa.int64()), changes.num_rows))
+            merged = self.due[j].get(bucket)  # a partial merge's files
             parts += log_parts(j, log, bucket, changes.rename_columns(log.schema.names),
                                mine[s], bucket in self.due[j],
-                               lambda w=whole[s]: summed(unexpired(w(), cut), log.schema),
+                               lambda r=rows_of[s], m=merged: summed(unexpired(r(m), cut),
+                                                                     log.schema),
                                functools.partial(bucket_cache.keep_file, self.tables[j][0],
-                                                 bucket, keys=self.keys(s, log.schema)))
+                                                 bucket, keys=self.keys(s, log.schema)),
+                               partial=merged is not None)
         return tagged(self.out, parts, bucket)
 
     def keys(self, s: str, schema: pa.Schema) -> list[str]:
@@ -173,11 +180,13 @@ class _JoinTask:
         return schema.names[len(row) - len(self.step.kcols[s]):len(row)]
 
     def side(self, s: str, path: str, bucket: int, files: list[Any], schema: pa.Schema,
-             asked: list[np.ndarray | None]) -> tuple[pa.Table, Callable[[], pa.Table]]:
+             asked: list[np.ndarray | None]
+             ) -> tuple[pa.Table, Callable[[tuple[str, ...] | None], pa.Table]]:
         """A side's stored rows in ``bucket`` (its log's ``files``) of the join keys whose
         hashes are ``asked`` (``key_hash`` of batch rows; None: the keys have none), or
-        more; and a function of all of them (a compaction's). From the machine's file
-        entries (``bucket_cache.file_rows``) where the keys hash, else read whole."""
+        more; and a function of the rows of some of its files (a compaction's: None for
+        all). From the machine's file entries (``bucket_cache.file_rows``) where the keys
+        hash, else read whole."""
         keys = self.keys(s, schema)
         names = [f["path"] for f in files]
         hashed = all(a is not None for a in asked)
@@ -190,11 +199,13 @@ class _JoinTask:
             entries.append(got)
         if not hashed or len(entries) < len(names):  # no hash for these keys, or no cache
             rows = read_bucket(self.reader, path, files, schema)
-            return rows, lambda: rows
+            return rows, lambda some: rows if some is None else read_bucket(
+                self.reader, path, [f for f in files if f["path"] in some], schema)
         if self.counts is not None and names:
             self.counts.add((int(all(hit for _, hit in entries)), 1))
         bucket_cache.forget_files(path, bucket, names)
         hashes = np.unique(np.concatenate(asked))
         found = concat([bucket_cache.find(rows, hashes) for rows, _ in entries], schema)
-        return found, lambda: concat([rows.drop_columns([bucket_cache.HASH])
-                                      for rows, _ in entries], schema)
+        return found, lambda some: concat([
+            rows.drop_columns([bucket_cache.HASH]) for name, (rows, _) in zip(names, entries)
+            if some is None or name in some], schema)

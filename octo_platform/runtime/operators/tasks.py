@@ -31,8 +31,8 @@ if TYPE_CHECKING:
     from pyspark.sql import DataFrame
     from pyspark.sql.types import StructType
 
-__all__ = ["PART", "Log", "Kept", "LogFiles", "bucket_logs", "log_files", "visits", "read_bucket",
-           "tagged_schema", "tagged", "log_parts", "stage_logs", "grouped", "run_group",
+__all__ = ["PART", "Log", "Kept", "Due", "LogFiles", "bucket_logs", "log_files", "visits",
+           "read_bucket", "tagged_schema", "tagged", "log_parts", "stage_logs", "grouped", "run_group",
            "run_cogroup"]
 
 PART = "_part"
@@ -41,19 +41,30 @@ Parts = list[tuple[int, str, pa.Table]]  # (part, struct column, rows)
 
 Log = tuple[str, dict[int, list[StateFile]]]  # a state table's path, its files by bucket
 Kept = Callable[[str, pa.Table], None]  # (a file's path in its table, its rows)
+# A state table's buckets due for compaction: per bucket, the ``delta`` files a partial
+# merge merges into one, or None for a full one (every file, into ``base`` files).
+Due = dict[int, "tuple[str, ...] | None"]
 
 
-def bucket_logs(ctx: BatchContext, tables: list[str]) -> tuple[list[Log], list[set[int]]]:
+def bucket_logs(ctx: BatchContext, tables: list[str], *, partial: bool = False
+                ) -> tuple[list[Log], list[Due]]:
     """Per state table (partitioned by ``_bucket``): its path and pinned files by bucket,
-    and the buckets whose files are due for compaction (``state_log.compaction``)."""
+    and the buckets whose files are due for compaction (``state_log.compaction``); with
+    ``partial``, a merge of the ``delta`` files alone stays one (the operator's tasks merge
+    them without reading its ``base`` files), else every compaction is a full one."""
     logs: list[Log] = []
+    dues: list[Due] = []
     for t in tables:
         files: dict[int, list[StateFile]] = {}
         for f in ctx.state_log(t):
             files.setdefault(int(f["partition"][BUCKET]), []).append(f)
         logs.append((ctx.state_path(t), files))
-    return logs, [{b for b, fs in files.items() if compaction(fs) is not None}
-                  for _, files in logs]
+        due: Due = {}
+        for b, fs in files.items():
+            if (merge := compaction(fs)) is not None:
+                due[b] = None if merge[1] or not partial else tuple(f["path"] for f in merge[0])
+        dues.append(due)
+    return logs, dues
 
 
 @dataclass(frozen=True)
@@ -163,15 +174,17 @@ def _nullable(struct: StructType) -> StructType:
 
 def log_parts(j: int, files: LogFiles, bucket: int, changes: pa.Table,
               stored: list[StateFile], due: bool, base: Callable[[], pa.Table],
-              kept: Kept | None = None) -> Parts:
+              kept: Kept | None = None, *, partial: bool = False) -> Parts:
     """State table ``j``'s new files in one bucket, written (``files``; each given to
     ``kept``): the batch's ``changes``, as ``base`` when the bucket has no ``stored`` files
-    yet; with its compaction (``base()``: the bucket's live rows before the batch) when
-    ``due``."""
+    yet; with its compaction when ``due``: ``base()``, the bucket's live rows before the
+    batch as ``base``, or with ``partial`` its merged ``delta`` files' rows as one
+    ``delta``."""
     if not stored:
         return files.write(2 + 2 * j, bucket, changes, kept=kept)
-    return [*(files.write(2 + 2 * j, bucket, base(), kept=kept) if due else []),
-            *files.write(1 + 2 * j, bucket, changes, kept=kept)]
+    merged = files.write((1 if partial else 2) + 2 * j, bucket, base(), kept=kept) if due \
+        else []
+    return [*merged, *files.write(1 + 2 * j, bucket, changes, kept=kept)]
 
 
 def tagged(out: pa.Schema, parts: Parts, bucket: int) -> pa.Table:
@@ -196,13 +209,15 @@ def _tagged(out: pa.Schema, part: int, column: str, rows: pa.Table, bucket: int)
     return pa.table(cols, schema=out)
 
 
-def stage_logs(ctx: BatchContext, out: DataFrame, tables: list[str], due: list[set[int]],
+def stage_logs(ctx: BatchContext, out: DataFrame, tables: list[str], due: list[Due],
                files: list[LogFiles]) -> DataFrame:
     """Stage the files the tasks wrote (their result ``out``) for each state table's commit
-    (``due``: per table, the buckets its base files replace); the operator's output part
-    (``o``'s columns)."""
+    (``due``: per table, the buckets its base files replace, and the delta files a partial
+    merge replaces); the operator's output part (``o``'s columns)."""
     for j, (t, f) in enumerate(zip(tables, files)):
         ctx.writes.append(StagedWrite(
-            t, out, None, bucketed=True, replace=tuple(sorted(due[j])) or None,
+            t, out, None, bucketed=True,
+            replace=tuple(sorted(b for b, merged in due[j].items() if merged is None)) or None,
+            remove=tuple(p for merged in due[j].values() for p in merged or ()),
             written=f.committed(), pick=(f"{PART} IN ({1 + 2 * j}, {2 + 2 * j})", "f")))
     return out.filter(f"{PART} = 0").selectExpr("o.*")
