@@ -411,3 +411,29 @@ def test_a_batch_that_died_between_commits_is_finished_in_the_driver(spark, tmp_
         changelog = tmp_path / "warehouse" / "per_k"
         committed = DeltaTable(str(changelog)).file_uris()
         assert len(list(changelog.rglob("*.parquet"))) == len(committed)
+
+
+def test_a_table_that_fails_stops_only_the_tables_that_read_it(spark, tmp_path, monkeypatch):
+    """``per_k``'s batch fails on an internal error (not transient: no retry): the run goes
+    on with ``big_v``, which does not read it, to idle (its changelog complete), does not
+    run ``histogram``, which reads it, and then fails with an error that gives both."""
+    src, sql = make_project(tmp_path, 2, seed=41, sql=LOAD_SQL)
+    real = pipeline.Pipeline.run_batch
+
+    def run_batch(self, batch, inputs):
+        if self.name == "per_k":
+            raise ValueError("Casting field 'x' with null values to non-nullable")
+        return real(self, batch, inputs)
+
+    monkeypatch.setattr(pipeline.Pipeline, "run_batch", run_batch)
+    said: list[str] = []
+    with pytest.raises(RunError) as failed:
+        run_tables(spark, tmp_path, options=default_options(progress=said.append),
+                   until_idle=True)
+    text = str(failed.value)
+    assert "streaming table 'per_k' failed: ValueError: Casting field 'x'" in text, text
+    assert "streaming table 'histogram' was not run: it reads 'per_k', which failed" in text
+    assert any("[per_k] failed; the run goes on with the tables that do not read it "
+               "(not run: histogram)" in line for line in said), said
+    check(spark, tmp_path, src, sql, ("big_v",))
+    assert not (tmp_path / "warehouse" / "histogram").exists()

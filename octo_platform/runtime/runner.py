@@ -513,13 +513,30 @@ def _catch_up(queries: list[_Query], parallel: int) -> None:
     """Run every query to idle, at most ``parallel`` at once, each once its upstream tables
     in this run are done (so it sees their output of the same run). A query that fails
     outside a batch, or that Spark stops driving (no batch started for ``STALL_S``), is
-    replaced by a new one: it resumes from the batch log, so nothing is lost or doubled."""
+    replaced by a new one: it resumes from the batch log, so nothing is lost or doubled.
+    A table that fails for good stops only the tables that read it: the others run to idle,
+    then the run raises its error (``_failures``)."""
     by_name = {q.name.lower(): q for q in queries}
     deps = {n: {d.lower() for d in q.pipeline.table.definition.deps} & set(by_name)
             for n, q in by_name.items()}
     done: set[str] = set()
     running: set[str] = set()
     due: dict[str, float] = {}  # failed queries: when their replacement starts
+    failed: dict[str, OctoError] = {}  # tables that failed for good
+    blocked: dict[str, str] = {}  # tables not run, and the failed table they read
+
+    def fail(n: str, error: OctoError) -> None:
+        failed[n] = error
+        more = True
+        while more:  # everything downstream of a failed table, through any path
+            more = False
+            for m, ups in deps.items():
+                upstream = next((u for u in sorted(ups) if u in failed or u in blocked), None)
+                if m not in failed and m not in blocked and upstream is not None:
+                    blocked[m], more = blocked.get(upstream, upstream), True
+        below = sorted(by_name[m].name for m, why in blocked.items() if why == n)
+        by_name[n].say(f"[{by_name[n].name}] failed; the run goes on with the tables that do "
+                       "not read it" + (f" (not run: {', '.join(below)})" if below else ""))
 
     def launch(n: str) -> None:
         delay = by_name[n].launch(until_idle=True, interval="0 seconds")
@@ -529,19 +546,24 @@ def _catch_up(queries: list[_Query], parallel: int) -> None:
             due[n] = time.monotonic() + delay
 
     try:
-        while len(done) < len(by_name):
+        while len(done) + len(failed) + len(blocked) < len(by_name):
             for n in [n for n, at in due.items() if at <= time.monotonic()]:
                 del due[n]
                 launch(n)
             for n in by_name:
                 if len(running) + len(due) >= max(1, parallel):
                     break
-                if n not in done and n not in running and n not in due and deps[n] <= done:
+                if n not in done and n not in running and n not in due and n not in failed \
+                        and n not in blocked and deps[n] <= done:
                     launch(n)
             finished = [n for n in running if not by_name[n].query.isActive]
             for n in finished:
                 running.discard(n)
-                delay = by_name[n].ended()
+                try:
+                    delay = by_name[n].ended()
+                except OctoError as e:
+                    fail(n, e)
+                    continue
                 if delay is None:
                     done.add(n)
                     by_name[n].cleanup()
@@ -549,19 +571,23 @@ def _catch_up(queries: list[_Query], parallel: int) -> None:
                     due[n] = time.monotonic() + delay
             for n in [n for n in running if by_name[n].stalled()]:
                 q = by_name[n]
+                _stop_quietly(q.query)
+                running.discard(n)
                 if q.restarts >= STALL_RESTARTS:
-                    raise RunError(
+                    fail(n, RunError(
                         f"streaming table {q.name!r} made no progress for {STALL_S:.0f}s "
                         f"(no batch started), {q.restarts} time(s) in a row; stopped it. "
-                        "Run again: the next run resumes where this one stopped.")
+                        "Run again: the next run resumes where this one stopped."))
+                    continue
                 q.say(f"[{q.name}] no batch started for {STALL_S:.0f}s: "
                       "restarting it (it resumes exactly once)")
-                _stop_quietly(q.query)
                 q.restarts += 1
-                running.discard(n)
                 launch(n)
             if not finished:
                 time.sleep(0.05)
+        if failed:
+            raise _failures(failed, {by_name[m].name: by_name[n].name
+                                     for m, n in blocked.items()})
     finally:
         for n in running:
             by_name[n].stopping = True
@@ -569,6 +595,21 @@ def _catch_up(queries: list[_Query], parallel: int) -> None:
             _stop_quietly(by_name[n].query)
         for q in queries:
             q.cleanup()
+
+
+def _failures(failed: dict[str, OctoError], blocked: dict[str, str]) -> OctoError:
+    """The error of a catch-up in which tables ``failed`` (and the tables that read them,
+    ``blocked``: each with the failed table upstream, were not run): the one table's own
+    error, else one that gives each."""
+    if len(failed) == 1 and not blocked:
+        return next(iter(failed.values()))
+    lines = [str(e) for e in failed.values()]
+    lines += [f"streaming table {m!r} was not run: it reads {n!r}, which failed"
+              for m, n in sorted(blocked.items())]
+    error = RunError(f"{len(failed)} streaming table(s) failed; the others ran:\n"
+                     + "\n".join(f"  {line}" for line in lines))
+    error.__cause__ = next(iter(failed.values()))
+    return error
 
 
 def _stop_quietly(query) -> None:
