@@ -1,10 +1,14 @@
 """One exception hierarchy for the whole package: catch ``OctoError`` to catch ours."""
 from __future__ import annotations
 
+from contextlib import contextmanager
 from dataclasses import dataclass
+from typing import Iterator
 
 __all__ = ["OctoError", "Location", "SqlError", "PlanError", "CatalogError", "RunError",
-           "SessionError"]
+           "SessionError", "OPERATOR", "in_operator", "notes"]
+
+OPERATOR = "in operator "  # the start of the note ``in_operator`` adds
 
 
 class OctoError(Exception):
@@ -53,3 +57,24 @@ class RunError(OctoError):
 
 class SessionError(OctoError):
     """Spark's JVM did not start (e.g. Delta's jars could not be fetched)."""
+
+
+@contextmanager
+def in_operator(what: str) -> Iterator[None]:
+    """An error raised in the block (an operator's work: ``what`` is its ``describe()``)
+    gets a note naming the operator, unless an operator inside it named one already (the
+    innermost one did the work). The error itself is unchanged: its type still decides
+    whether the batch is retried."""
+    try:
+        yield
+    except Exception as e:
+        if what and not any(str(n).startswith(OPERATOR) for n in getattr(e, "__notes__", ())):
+            e.add_note(OPERATOR + what)
+        raise
+
+
+def notes(error: BaseException) -> str:
+    """An error's notes (``in_operator``'s, Python's ``add_note``) as text to append to its
+    message: `` (note; note)``, or nothing."""
+    found = [str(n) for n in getattr(error, "__notes__", ())]
+    return f" ({'; '.join(found)})" if found else ""

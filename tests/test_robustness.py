@@ -414,26 +414,70 @@ def test_a_batch_that_died_between_commits_is_finished_in_the_driver(spark, tmp_
 
 
 def test_a_table_that_fails_stops_only_the_tables_that_read_it(spark, tmp_path, monkeypatch):
-    """``per_k``'s batch fails on an internal error (not transient: no retry): the run goes
-    on with ``big_v``, which does not read it, to idle (its changelog complete), does not
-    run ``histogram``, which reads it, and then fails with an error that gives both."""
+    """``per_k``'s GROUP BY fails on an internal error (not transient: no retry): the run
+    goes on with ``big_v``, which does not read it, to idle (its changelog complete), does
+    not run ``histogram``, which reads it, and then fails with an error that gives both and
+    names the operator that failed."""
+    from octo_platform.runtime.operators.aggregate import AggregateStep
+
     src, sql = make_project(tmp_path, 2, seed=41, sql=LOAD_SQL)
-    real = pipeline.Pipeline.run_batch
 
-    def run_batch(self, batch, inputs):
-        if self.name == "per_k":
-            raise ValueError("Casting field 'x' with null values to non-nullable")
-        return real(self, batch, inputs)
+    def run(self, *args, **kwargs):
+        raise ValueError("Casting field 'x' with null values to non-nullable")
 
-    monkeypatch.setattr(pipeline.Pipeline, "run_batch", run_batch)
+    monkeypatch.setattr(AggregateStep, "run", run)  # the driver path's, here
     said: list[str] = []
     with pytest.raises(RunError) as failed:
         run_tables(spark, tmp_path, options=default_options(progress=said.append),
                    until_idle=True)
     text = str(failed.value)
-    assert "streaming table 'per_k' failed: ValueError: Casting field 'x'" in text, text
+    assert "streaming table 'per_k' failed: ValueError: Casting field 'x' with null values " \
+        "to non-nullable (in operator HashAggregate keys=[k]" in text, text
     assert "streaming table 'histogram' was not run: it reads 'per_k', which failed" in text
     assert any("[per_k] failed; the run goes on with the tables that do not read it "
                "(not run: histogram)" in line for line in said), said
     check(spark, tmp_path, src, sql, ("big_v",))
     assert not (tmp_path / "warehouse" / "histogram").exists()
+
+
+def test_an_error_in_an_operators_task_names_the_operator():
+    """A Spark task's error (``tasks.run_group``, in a Python worker) carries a note naming
+    its operator, which Spark's error then shows in the worker's traceback."""
+    import traceback
+
+    from octo_platform.runtime.operators.tasks import run_group
+
+    class Failing:
+        def run(self, key, rows):
+            raise ValueError("no kernel matching input types")
+
+    with pytest.raises(ValueError) as failed:
+        run_group(Failing(), "Aggregate keys=[k] aggs=[min(v)]", (0,), None)
+    shown = "".join(traceback.format_exception(failed.value))
+    assert "in operator Aggregate keys=[k] aggs=[min(v)]" in shown, shown
+
+
+def test_a_cross_join_past_its_bound_fails_naming_the_join(spark, tmp_path, monkeypatch):
+    """A cross join whose batch would pair more rows than its bound (patched to 100 here)
+    leaves the driver path for the Spark path, whose task refuses before making the pairs:
+    the run fails naming the table, the join and why; the other table runs."""
+    from octo_platform.runtime.operators import join
+
+    monkeypatch.setattr(join, "CROSS_PAIRS", 100)
+    src = RandomInput(43, debezium=False)
+    (tmp_path / "sql").mkdir()
+    (tmp_path / "sql" / "t.sql").write_text(f"""
+CREATE SOURCE src ({src.ddl()}) WITH (connector = 'files', path = 'data/src', format = 'json');
+CREATE STREAMING TABLE pairs AS SELECT a.id AS x, b.id AS y FROM src a, src b WHERE a.v < 50;
+CREATE STREAMING TABLE few AS SELECT k, COUNT(*) AS n FROM src GROUP BY k;
+""")
+    write_lines(tmp_path / "data" / "src", "a.json", src.lines(20))
+    with pytest.raises(RunError) as failed:
+        run_tables(spark, tmp_path, options=default_options(progress=None), until_idle=True)
+    text = str(failed.value)
+    assert "streaming table 'pairs' failed" in text and "a cross join (no equality " \
+        "between its inputs) would pair" in text and "more than 100" in text, text
+    assert "in operator InnerJoin strategy=delta-rule keys=[0 = 0]" in text, text
+    assert "TooManyPairs" in text, text  # raised in a Spark task: the driver path left it
+    check_tables(spark, tmp_path / "warehouse", (tmp_path / "sql" / "t.sql").read_text(),
+                 {"src": src.relation()}, {"few": True}, 0)

@@ -187,6 +187,12 @@ class PJoin(PNode):
     def inputs(self) -> tuple[PNode, ...]:
         return (self.left, self.right)
 
+    @property
+    def cross(self) -> bool:
+        """A cross join (``logical.plan.Join.cross``): every row matches every row of the
+        other side."""
+        return self.left_keys == (lp.CROSS_KEY,) and self.right_keys == (lp.CROSS_KEY,)
+
     def side_table(self, side: str) -> str:
         return f"{self.id}_{side}"
 

@@ -103,7 +103,7 @@ def current_output(pipe: TableRun, events: DataFrame, bucket: str, batch: int,
     image = arrow_schema(events.schema["after"].dataType)
     task = bucket_task(pipe, image, batch, pinned)
     files = events.select("before", "after", bucket).groupBy(bucket).applyInArrow(
-        functools.partial(run_group, task), WRITTEN_SCHEMA)
+        functools.partial(run_group, task, ""), WRITTEN_SCHEMA)
     return task.output(files)
 
 

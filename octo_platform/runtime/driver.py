@@ -34,6 +34,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from octo_platform.columns import BUCKET, WEIGHT
+from octo_platform.errors import in_operator
 from octo_platform.physical.plan import PAggregate, PhysicalPlan, PJoin, PSource, PStateless, \
     POver, PSession, PTopN, PUnion
 from octo_platform.runtime.operators import BatchContext, apply_steps, bucket_cache
@@ -348,7 +349,13 @@ def _key(src: PSource) -> str:
 
 
 def evaluate(node: Any, lc: LocalContext, tables: dict[str, pa.Table]) -> pa.Table:
-    """The output Δ of ``node`` as Arrow (the driver-path twin of ``operators.evaluate``)."""
+    """The output Δ of ``node`` as Arrow (the driver-path twin of ``operators.evaluate``);
+    an error carries the operator's name (``errors.in_operator``)."""
+    with in_operator(node.describe()):
+        return _evaluate(node, lc, tables)
+
+
+def _evaluate(node: Any, lc: LocalContext, tables: dict[str, pa.Table]) -> pa.Table:
     if isinstance(node, PSource):
         return tables[node.name.lower()]
     if isinstance(node, PStateless):

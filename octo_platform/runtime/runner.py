@@ -35,7 +35,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Callable
 
-from octo_platform.errors import OctoError, RunError
+from octo_platform.errors import OctoError, RunError, notes
 from octo_platform.project import Project, load_project
 from octo_platform.runtime.checks import check_project, diagnose
 from octo_platform.runtime.layout import Layout
@@ -222,7 +222,7 @@ class _Query:
         self.failures += 1
         if not transient(cause):
             raise RunError(f"streaming table {self.name!r} failed: "
-                           f"{type(cause).__name__}: {cause}") from cause
+                           f"{type(cause).__name__}: {cause}{notes(cause)}") from cause
         if self.failures > QUERY_RESTARTS:
             raise RunError(
                 f"streaming table {self.name!r} failed: its streaming query stopped "
@@ -248,7 +248,7 @@ class _Query:
                             f"{describe(cause, 2000)}. Batches already committed stay; the "
                             "next run redoes this one.")
         return RunError(f"streaming table {self.name!r} failed: "
-                        f"{type(cause).__name__}: {cause}")
+                        f"{type(cause).__name__}: {cause}{notes(cause)}")
 
     def ended(self) -> float | None:
         """The query is no longer active: None if it finished, else the delay before it is
@@ -420,7 +420,7 @@ def describe(error: BaseException | None, limit: int = 300) -> str:
     first = lines[0] if lines else ""
     if first.startswith("An error occurred while calling") and len(lines) > 1:
         first = f"{first} {lines[1].lstrip(': ')}"
-    text = f"{type(error).__name__}: {first}".rstrip(": ")
+    text = f"{type(error).__name__}: {first}".rstrip(": ") + notes(error)
     return text if len(text) <= limit else text[: limit - 3] + "..."
 
 

@@ -25,6 +25,7 @@ from functools import reduce
 from typing import TYPE_CHECKING
 
 from octo_platform.columns import WEIGHT
+from octo_platform.errors import in_operator
 from octo_platform.physical.plan import (
     PAggregate,
     PJoin,
@@ -61,7 +62,14 @@ __all__ = ["StateReader", "StagedWrite", "BatchContext", "Sink", "picked_columns
 
 
 def evaluate(node: PNode, ctx: BatchContext) -> DataFrame:
-    """The output Δ of ``node`` for this batch: its columns plus the weight column."""
+    """The output Δ of ``node`` for this batch: its columns plus the weight column; an error
+    in planning it carries the operator's name (``errors.in_operator``; the tasks' errors
+    carry it too: ``tasks.run_group``)."""
+    with in_operator(node.describe()):
+        return _evaluate(node, ctx)
+
+
+def _evaluate(node: PNode, ctx: BatchContext) -> DataFrame:
     if isinstance(node, PSource):
         return ctx.inputs[node.name.lower()]
     if isinstance(node, PStateless):

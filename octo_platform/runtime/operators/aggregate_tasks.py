@@ -107,7 +107,8 @@ def run_aggregate(node: PAggregate, ctx: BatchContext, delta: DataFrame) -> Data
     if not node.keys and not ctx.state_log(node.id):  # the one group's first row, even
         visited.add(0)  # over no input rows
     rows = visits(rows, WEIGHT, visited)
-    out = grouped(ctx, rows).applyInArrow(functools.partial(run_group, task), schema)
+    out = grouped(ctx, rows).applyInArrow(
+        functools.partial(run_group, task, node.describe()), schema)
     if sink is None:
         out = ctx.checkpoint(out)
     else:  # the tasks wrote the table: no output Δ to compute here, and the write job's

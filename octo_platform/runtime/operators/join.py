@@ -45,11 +45,19 @@ from octo_platform.sqltext import quote, sql_expr
 if TYPE_CHECKING:
     from pyspark.sql import DataFrame
 
-__all__ = ["Join", "JoinStep", "Filter", "summed"]
+__all__ = ["Join", "JoinStep", "Filter", "summed", "CROSS_PAIRS", "TooManyPairs"]
 
 # ``on(what, rows)``: ``rows`` (a side's or both sides' columns) that satisfy the residual
 # condition; ``what`` names the call (its schema is remembered per name).
 Filter = Callable[[str, pa.Table], pa.Table]
+# The pairs a cross join's step may make at once (in the driver, or in the one Spark task
+# that holds all its rows: a cross join's key is constant); a batch over it runs on the
+# Spark path, and there fails, naming the join, rather than exhaust a process's memory.
+CROSS_PAIRS = 10_000_000
+
+
+class TooManyPairs(Exception):
+    """A cross join's step would pair more rows than ``JoinStep.pairs``."""
 
 
 @dataclass(frozen=True)
@@ -62,6 +70,7 @@ class JoinStep:
     names: dict[str, tuple[str, ...]]
     kcols: dict[str, tuple[str, ...]]
     residual: bool
+    pairs: int | None = None  # a cross join's bound (``CROSS_PAIRS``); None: keyed
 
     def run(self, deltas: dict[str, pa.Table], old: dict[str, pa.Table],
             on: Filter | None = None, first_id: int = 0
@@ -72,6 +81,8 @@ class JoinStep:
         condition but no ``on``, per side its ``candidates`` (their ``_id`` from
         ``first_id``) instead of its unmatched rows."""
         delta = {s: self.consolidated(s, deltas[s]) for s in "lr"}
+        if self.pairs is not None:
+            self.bound(delta, old)
         fields = {s: [delta[s].schema.field(n) for n in self.names[s]] for s in "lr"}
         schema = self.out_schema(delta, both=True)
         out = self.out_schema(delta)
@@ -87,6 +98,19 @@ class JoinStep:
                 else:
                     parts.append(self.unmatched(s, rows, counts, fields, out, on))
         return concat(parts, out), delta, found
+
+    def bound(self, delta: dict[str, pa.Table], old: dict[str, pa.Table]) -> None:
+        """Raise ``TooManyPairs`` if this cross join's batch pairs more rows than its
+        bound: ΔL × R_old + L_new × ΔR."""
+        n = {s: (delta[s].num_rows, old[s].num_rows) for s in "lr"}
+        pairs = n["l"][0] * n["r"][1] + (n["l"][0] + n["l"][1]) * n["r"][0]
+        if pairs > (self.pairs or 0):
+            raise TooManyPairs(
+                f"a cross join (no equality between its inputs) would pair {pairs:,} rows in "
+                f"one batch, more than {self.pairs:,}: each change of one input pairs with "
+                "every row of the other, so a batch costs as much as the other input's "
+                "state. Join the inputs on a key (an equality between them), or filter them "
+                "to fewer rows first.")
 
     def unmatched_sides(self) -> str:
         """The sides whose rows may appear unmatched (or, semi, only matched)."""
@@ -281,7 +305,8 @@ class Join:
     def step(self) -> JoinStep:
         """The join's step: its columns, keys and kind."""
         return JoinStep(self.node.kind, {s: tuple(self.names[s]) for s in "lr"},
-                        {s: tuple(self.kcols(s)) for s in "lr"}, bool(self.node.residual))
+                        {s: tuple(self.kcols(s)) for s in "lr"}, bool(self.node.residual),
+                        CROSS_PAIRS if self.node.cross else None)
 
     def kcols(self, s: str) -> list[str]:
         return [f"_{s}k{i}" for i in range(len(self.keys[s]))]

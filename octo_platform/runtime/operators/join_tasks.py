@@ -93,11 +93,11 @@ def run_join(node: PJoin, ctx: BatchContext, ldelta: DataFrame, rdelta: DataFram
     # hold a dot.
     sides = [keyed[s].toDF(*op.stored_names(s)).selectExpr(
         "*", f"{bucket_sql(op.stored_keys(s), ctx.buckets)} AS {BUCKET}") for s in "lr"]
-    sides[0] = visits(sides[0], COUNT, {*due[0], *due[1]})  # due compactions run in their
-    # bucket
+    # due compactions run in their bucket
+    sides[0] = visits(sides[0], COUNT, {*due[0], *due[1]})
     by_bucket = [grouped(ctx, side) for side in sides]
     out = ctx.checkpoint(by_bucket[0].cogroup(by_bucket[1]).applyInArrow(
-        functools.partial(run_cogroup, task), schema))
+        functools.partial(run_cogroup, task, node.describe()), schema))
     rows = stage_logs(ctx, out, tables, due, files)
     if node.residual and node.kind not in ("semi", "anti"):
         rows = rows.filter(node.residual)

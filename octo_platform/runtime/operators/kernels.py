@@ -31,7 +31,7 @@ from octo_platform.runtime.operators.aggregate import aggregate_step, \
     live_rows, newest, with_batch_column
 from octo_platform.runtime.operators.aggregate import shape as aggregate_shape
 from octo_platform.runtime.operators.context import BatchContext, bucket_sql
-from octo_platform.runtime.operators.join import Join, summed
+from octo_platform.runtime.operators.join import Join, TooManyPairs, summed
 from octo_platform.runtime.operators.keyed_rows import KeyedRows
 from octo_platform.runtime.operators.spark_hash import hashable, spark_hash, spark_pmod
 from octo_platform.runtime.state_log import BATCH, StateFile, compaction, latest, \
@@ -298,8 +298,11 @@ class JoinKernel:
             return lc.sql(f"{node.id}:{what}", rows, lambda df: df.filter(node.residual))
 
         cut, names = lc.ctx.cut(node), {s: self.step.row(s) for s in "lr"}  # a forgotten row
-        out, delta, _ = self.step.run(keyed, {s: unexpired(found[s].rows, cut).select(
-            names[s]) for s in "lr"}, on)  # no longer matches
+        try:  # no longer matches
+            out, delta, _ = self.step.run(keyed, {s: unexpired(found[s].rows, cut).select(
+                names[s]) for s in "lr"}, on)
+        except TooManyPairs as e:
+            raise Unsupported(str(e)) from e
         for s in "lr":
             self.stage(s, state[s], delta[s])
         return out

@@ -66,8 +66,8 @@ def run_partitioned(node: PTopN | PSession | POver, ctx: BatchContext, delta: Da
     task = _PartitionTask(step, log, files, weighted, arrow_schema(schema), ctx.reader,
                           ctx.watermark)
     rows = rows.selectExpr("*", f"{bucket_sql(node.partition, ctx.buckets)} AS {BUCKET}")
-    out = ctx.checkpoint(grouped(ctx, rows).applyInArrow(functools.partial(run_group, task),
-                                                         schema))
+    out = ctx.checkpoint(grouped(ctx, rows).applyInArrow(
+        functools.partial(run_group, task, node.describe()), schema))
     ctx.writes.append(StagedWrite(node.id, out, None, bucketed=True,
                                   written=files.committed(), pick=(f"{PART} = 1", "f"),
                                   replace_reported=True))

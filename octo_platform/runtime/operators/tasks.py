@@ -20,6 +20,7 @@ from typing import TYPE_CHECKING, Any, Callable
 import pyarrow as pa
 
 from octo_platform.columns import BUCKET
+from octo_platform.errors import in_operator
 from octo_platform.runtime.operators.arrow import concat, read_parquet
 from octo_platform.runtime.operators.context import BatchContext, StagedWrite
 from octo_platform.runtime.state_log import StateFile, compaction
@@ -134,17 +135,20 @@ def grouped(ctx: BatchContext, rows: DataFrame) -> Any:
     return rows.groupBy(BUCKET)
 
 
-def run_group(task, key, rows):  # no annotations: Spark would read them as the UDF's kind
+def run_group(task, what, key, rows):  # no annotations: Spark would read them as the UDF's
     """The ``applyInArrow`` function of a grouped frame (``functools.partial`` with
-    ``task``, whose ``run`` does the work); runs in Spark tasks."""
+    ``task``, whose ``run`` does the work, and ``what``, the operator's ``describe()``, which
+    an error then names: ``errors.in_operator``; "" for none); runs in Spark tasks."""
     task_started()
-    return task.run(key, rows)
+    with in_operator(what):
+        return task.run(key, rows)
 
 
-def run_cogroup(task, key, left, right):  # no annotations: as ``run_group``
+def run_cogroup(task, what, key, left, right):  # no annotations: as ``run_group``
     """``run_group`` for a cogrouped frame."""
     task_started()
-    return task.run(key, left, right)
+    with in_operator(what):
+        return task.run(key, left, right)
 
 
 def read_bucket(reader: Callable[[str, str], Any], path: str, files: list[StateFile],
