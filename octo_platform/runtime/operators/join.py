@@ -101,10 +101,12 @@ class JoinStep:
 
     def bound(self, delta: dict[str, pa.Table], old: dict[str, pa.Table]) -> None:
         """Raise ``TooManyPairs`` if this cross join's batch pairs more rows than its
-        bound: ΔL × R_old + L_new × ΔR."""
+        bound (ΔL × R_old + L_new × ΔR), and more than twice the rows it reads: a side of
+        one row (a global aggregate's) pairs as many rows as the other side has, never
+        refused."""
         n = {s: (delta[s].num_rows, old[s].num_rows) for s in "lr"}
         pairs = n["l"][0] * n["r"][1] + (n["l"][0] + n["l"][1]) * n["r"][0]
-        if pairs > (self.pairs or 0):
+        if pairs > max(self.pairs or 0, 2 * sum(a + b for a, b in n.values())):
             raise TooManyPairs(
                 f"a cross join (no equality between its inputs) would pair {pairs:,} rows in "
                 f"one batch, more than {self.pairs:,}: each change of one input pairs with "
