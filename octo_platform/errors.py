@@ -6,7 +6,7 @@ from dataclasses import dataclass
 from typing import Iterator
 
 __all__ = ["OctoError", "Location", "SqlError", "PlanError", "CatalogError", "RunError",
-           "SessionError", "OPERATOR", "in_operator", "notes"]
+           "SessionError", "TooManyPairs", "OPERATOR", "in_operator", "notes"]
 
 OPERATOR = "in operator "  # the start of the note ``in_operator`` adds
 
@@ -53,6 +53,10 @@ class CatalogError(OctoError):
 
 class RunError(OctoError):
     """A failure while running a streaming table (IO, state mismatch, lock held, ...)."""
+
+
+class TooManyPairs(RunError):
+    """A cross join's batch would pair more rows than its bound (``JoinStep.bound``)."""
 
 
 class SessionError(OctoError):

@@ -344,11 +344,13 @@ _SETTING_UP = ("Initializing sources", "Initializing StreamExecution")
 # In the text of an error Spark wraps (a Python worker's traceback, a failed query), signs
 # that retrying cannot help: our own errors, a bug in Python code, a Python that cannot import
 # the package (see PYSPARK_PYTHON). A worker that crashed or did not connect back has none.
+# Arrow's errors of types and values (a cast, a kernel that does not exist) are permanent too.
 _PERMANENT = re.compile(
     r"octo_platform\.errors\.|No module named|^\s*(?:[\w.]+\.)?(?:TypeError|KeyError|"
     r"AttributeError|NameError|UnboundLocalError|AssertionError|ValueError|IndexError|"
     r"ZeroDivisionError|NotImplementedError|ImportError|ModuleNotFoundError|RecursionError|"
-    r"SyntaxError)(?::|$)", re.MULTILINE)
+    r"SyntaxError|ArrowInvalid|ArrowTypeError|ArrowNotImplementedError|ArrowKeyError|"
+    r"ArrowIndexError)(?::|$)", re.MULTILINE)
 # Spark's handshake with a Python worker it started (a UDF's, a data source's) failed: the
 # worker died while connecting (e.g. its daemon was killed); Spark raises it as an
 # IllegalArgumentException.
@@ -420,8 +422,23 @@ def describe(error: BaseException | None, limit: int = 300) -> str:
     first = lines[0] if lines else ""
     if first.startswith("An error occurred while calling") and len(lines) > 1:
         first = f"{first} {lines[1].lstrip(': ')}"
+    first = _worker_error(str(error)) or first
     text = f"{type(error).__name__}: {first}".rstrip(": ") + notes(error)
     return text if len(text) <= limit else text[: limit - 3] + "..."
+
+
+def _worker_error(text: str) -> str | None:
+    """In the text of an error Spark wraps, the Python worker's own error, if any: the line
+    after its traceback's frames (``Type: message``), with the notes after it (``in
+    operator ...``)."""
+    at = text.rfind("Traceback (most recent call last):")
+    found: list[str] = []
+    for line in text[at:].splitlines()[1:] if at >= 0 else ():
+        if line.strip() and not line.startswith((" ", "\t")):
+            found.append(line.strip())
+        elif found:
+            break
+    return "; ".join(found) or None
 
 
 def _register(spark: SparkSession) -> None:

@@ -36,6 +36,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from octo_platform.columns import COUNT, WEIGHT
+from octo_platform.errors import TooManyPairs
 from octo_platform.physical.plan import PJoin
 from octo_platform.runtime.operators.aggregate import unsuffix
 from octo_platform.runtime.operators.arrow import concat, key_join, safe_keys
@@ -45,7 +46,7 @@ from octo_platform.sqltext import quote, sql_expr
 if TYPE_CHECKING:
     from pyspark.sql import DataFrame
 
-__all__ = ["Join", "JoinStep", "Filter", "summed", "CROSS_PAIRS", "TooManyPairs"]
+__all__ = ["Join", "JoinStep", "Filter", "summed", "CROSS_PAIRS"]
 
 # ``on(what, rows)``: ``rows`` (a side's or both sides' columns) that satisfy the residual
 # condition; ``what`` names the call (its schema is remembered per name).
@@ -54,10 +55,6 @@ Filter = Callable[[str, pa.Table], pa.Table]
 # that holds all its rows: a cross join's key is constant); a batch over it runs on the
 # Spark path, and there fails, naming the join, rather than exhaust a process's memory.
 CROSS_PAIRS = 10_000_000
-
-
-class TooManyPairs(Exception):
-    """A cross join's step would pair more rows than ``JoinStep.pairs``."""
 
 
 @dataclass(frozen=True)

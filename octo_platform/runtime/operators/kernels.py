@@ -23,6 +23,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from octo_platform.columns import BUCKET, COUNT
+from octo_platform.errors import TooManyPairs
 from octo_platform.local_frames import arrow_schema, arrow_type, local_frame
 from octo_platform.physical.plan import PAggregate, PJoin, POver, PSession, PTopN
 from octo_platform.runtime.operators import bucket_cache
@@ -31,7 +32,7 @@ from octo_platform.runtime.operators.aggregate import aggregate_step, \
     live_rows, newest, with_batch_column
 from octo_platform.runtime.operators.aggregate import shape as aggregate_shape
 from octo_platform.runtime.operators.context import BatchContext, bucket_sql
-from octo_platform.runtime.operators.join import Join, TooManyPairs, summed
+from octo_platform.runtime.operators.join import Join, summed
 from octo_platform.runtime.operators.keyed_rows import KeyedRows
 from octo_platform.runtime.operators.spark_hash import hashable, spark_hash, spark_pmod
 from octo_platform.runtime.state_log import BATCH, StateFile, compaction, latest, \
