@@ -84,7 +84,7 @@ class BatchContext:
     expired_through: int | None = None
     # The table's own writer, offered to the operator under the plan's root (``Sink``); an
     # operator whose tasks write the table with it sets ``sunk``: the change events they
-    # wrote (``TableWriter.events``).
+    # wrote (``colocated.TableWriter.written``).
     sink: Sink | None = None
     sunk: Any = None
     # What the tasks add their state buckets' cache lookups to (``bucket_cache.counter``).

@@ -33,8 +33,8 @@ if TYPE_CHECKING:
     from pyspark.sql.types import StructType
 
 __all__ = ["PART", "Log", "Kept", "Due", "LogFiles", "bucket_logs", "log_files", "visits",
-           "read_bucket", "tagged_schema", "tagged", "log_parts", "stage_logs", "grouped", "run_group",
-           "run_cogroup"]
+           "read_bucket", "tagged_schema", "tagged", "log_parts", "stage_logs", "grouped",
+           "run_group", "run_cogroup"]
 
 PART = "_part"
 Parts = list[tuple[int, str, pa.Table]]  # (part, struct column, rows)
