@@ -6,8 +6,8 @@ the rows of the join keys its batch touches in that bucket's files of both sides
 nothing else), runs the step, writes each side's new log rows of the bucket as a file, and
 returns, as one tagged frame (``tasks``): the output Δ and the files it wrote. Each file is
 found in the machine's cache (``bucket_cache.file_rows``: its rows sorted by key hash, kept
-by the task that wrote it or first read it there), by binary search, so a batch reads the rows of the keys it
-touches, not the sides' state. A bucket whose log is due for compaction is rewritten by its
+by the task that wrote it or first read it there), by binary search, so a batch reads the
+rows of the keys it touches, not the sides' state. A bucket whose log is due for compaction is rewritten by its
 own task: its ``delta`` files' rows, multiplicities summed, become one ``delta`` file (a
 partial merge, the ``base`` files not read), or, once the deltas hold as many rows as the
 base, all its rows become ``base`` files. The cost of a batch follows the keys it touches,
