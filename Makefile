@@ -4,7 +4,7 @@ VENV   ?= .venv
 PY     := $(VENV)/bin/python
 STAMP  := $(VENV)/.installed
 
-.PHONY: install demo demo-kafka test bench bench-full bench-joins bench-kafka bench-windows bench-cluster explain clean ui ui-data
+.PHONY: install demo demo-kafka test bench bench-full bench-joins bench-kafka bench-windows bench-cluster bench-tpch explain clean ui ui-data
 
 # The packages come from PyPI through uv (itself from PyPI, pinned): from an empty cache it
 # installed them in 37 s here, pip in 93 s. Should uv fail, pip installs them.
@@ -73,6 +73,11 @@ bench-kafka: $(STAMP)
 # Tumbling windows vs Spark's native window() and OctoSQL's figure (issue 10).
 bench-windows: $(STAMP)
 	PYSPARK_PYTHON=$(abspath $(PY)) $(PY) benchmarks/windows.py $(BENCH_ARGS)
+
+# TPC-H's 22 queries over refresh batches vs Spark recomputing them (issue 63; SF 0.1 by
+# default, BENCH_ARGS="--sf 1" for the issue's scale).
+bench-tpch: $(STAMP)
+	PYSPARK_PYTHON=$(abspath $(PY)) $(PY) benchmarks/tpch.py $(BENCH_ARGS)
 
 clean:
 	rm -rf $(VENV) warehouse .pytest_cache .dagster
