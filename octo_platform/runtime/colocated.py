@@ -35,7 +35,7 @@ from octo_platform.runtime.events import arrow_buckets, change_events, event_buc
 from octo_platform.runtime.metrics import metrics, observe
 from octo_platform.runtime.operators.arrow import primitive
 from octo_platform.runtime.writes import WRITTEN_SCHEMA, Output, by_bucket, file_token, \
-    write_file, written_schema
+    picked_field, write_file, written_schema
 from octo_platform.workers import task_started
 
 if TYPE_CHECKING:
@@ -85,10 +85,11 @@ class ColocatedEvents:
     def __init__(self, files: DataFrame, writer: TableWriter,
                  pick: tuple[str | None, str] = (None, "")) -> None:
         where, column = pick
-        field = (lambda c: f"{column}.{c}") if column else (lambda c: c)
         self.frame, self.observation = observe(files, *[
-            f"sum(CASE WHEN {where or 'TRUE'} THEN {field(op)} END) AS {op}" for op in _OPS])
-        table = [" AND ".join(c for c in (where, f"{field(_OUT)} = {i}") if c) for i in (0, 1)]
+            f"sum(CASE WHEN {where or 'TRUE'} THEN {picked_field(column, op)} END) AS {op}"
+            for op in _OPS])
+        table = [" AND ".join(c for c in (where, f"{picked_field(column, _OUT)} = {i}") if c)
+                 for i in (0, 1)]
         self.outputs = [
             Output("changelog", writer.changelog, self.frame, written=writer.events_schema(),
                    pick=(table[0], column)),

@@ -221,8 +221,7 @@ class _Query:
         query in a row are used up."""
         self.failures += 1
         if not transient(cause):
-            raise RunError(f"streaming table {self.name!r} failed: "
-                           f"{type(cause).__name__}: {cause}{notes(cause)}") from cause
+            raise self.failure(cause) from cause
         if self.failures > QUERY_RESTARTS:
             raise RunError(
                 f"streaming table {self.name!r} failed: its streaming query stopped "
@@ -247,6 +246,10 @@ class _Query:
                             f"{self.attempts} times (retried with backoff); last cause: "
                             f"{describe(cause, 2000)}. Batches already committed stay; the "
                             "next run redoes this one.")
+        return self.failure(cause)
+
+    def failure(self, cause: BaseException) -> RunError:
+        """The table's failure for good with ``cause``: its whole text and notes."""
         return RunError(f"streaming table {self.name!r} failed: "
                         f"{type(cause).__name__}: {cause}{notes(cause)}")
 

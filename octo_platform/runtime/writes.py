@@ -30,9 +30,9 @@ if TYPE_CHECKING:
     import pyarrow as pa
     from pyspark.sql import DataFrame
 
-__all__ = ["Output", "write_outputs", "file_batch", "file_token", "LocalOutput", "write_local",
-           "WRITTEN_SCHEMA", "written_schema", "written_struct", "write_file", "parquet_options",
-           "threaded", "by_bucket"]
+__all__ = ["Output", "write_outputs", "picked_field", "file_batch", "file_token", "LocalOutput",
+           "write_local", "WRITTEN_SCHEMA", "written_schema", "written_struct", "write_file",
+           "parquet_options", "threaded", "by_bucket"]
 
 APP_ID = "octo"
 _FILE_BATCH = re.compile(r"-b(\d{8,})-")  # a written file's name: <prefix>-b<batch>-<ids>
@@ -174,16 +174,24 @@ def write_outputs(outputs: list[Output], *, batch: int, store: Store,
 def _picked(frame: DataFrame, picks: list[tuple[int, str | None, str]]) -> DataFrame:
     """The leg of the outputs ``picks`` (each: its index, ``Output.pick``) of files written
     by the tasks behind ``frame``: per file, its output (``o``) and ``WRITTEN_SCHEMA``."""
+    whole = len(picks) == 1 and picks[0][1] is None  # every row, one output's
+
     def case(value: Callable[[int, str], str]) -> str:
-        if len(picks) == 1 and picks[0][1] is None:
+        if whole:
             return value(picks[0][0], picks[0][2])
         return "CASE " + " ".join(f"WHEN {cond or 'TRUE'} THEN {value(i, column)}"
                                   for i, cond, column in picks) + " END"
 
     leg = frame.selectExpr(f"CAST({case(lambda i, _: str(i))} AS INT) AS o", *[
-        f"{case(lambda _, column: f'{column}.{c}' if column else c)} AS {c}"
+        f"{case(lambda _, column: picked_field(column, c))} AS {c}"
         for c, _ in _WRITTEN_COLUMNS])
-    return leg if len(picks) == 1 and picks[0][1] is None else leg.filter("o IS NOT NULL")
+    return leg if whole else leg.filter("o IS NOT NULL")
+
+
+def picked_field(column: str, name: str) -> str:
+    """Field ``name`` of a picked file's row (``Output.pick``): of struct ``column``, or the
+    frame's own column for ""."""
+    return f"{column}.{name}" if column else name
 
 
 def written_schema() -> pa.Schema:

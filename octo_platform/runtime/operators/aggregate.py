@@ -190,13 +190,8 @@ class AggregateStep:
             d, ms[i] = self.with_multiset(d, i, delta, values, stale)
         dk, dcols = safe_keys(_prefixed(d, "d."), [f"d.{k}" for k in keys], "_d")
         ok, ocols = safe_keys(_prefixed(before, "o."), [f"o.{k}" for k in keys], "_o")
-        ok = ok.append_column(_ROW, pa.array(np.arange(ok.num_rows, dtype=np.int64)))
-        # Each touched group beside its state row, if any: one join, hashing the batch's
-        # groups (the smaller side) and probing the state.
-        both = key_join(ok, dk, ocols, dcols, "right outer")
-        hit = np.zeros(ok.num_rows, bool)  # the state rows of the groups the batch touches
-        hit[pc.drop_null(both[_ROW]).to_numpy()] = True
-        table = self.accumulators(both.drop_columns([_ROW]))
+        both, hit = _beside(ok, dk, ocols, dcols)
+        table = self.accumulators(both)
         changes = table.select([*keys, f"n{COUNT}", *[f"n{f}" for f in
                                                       self.state.names[len(keys) + 1:]]])
         changes = with_batch_column(changes.rename_columns(self.state.names), self.batch)
@@ -334,10 +329,7 @@ class AggregateStep:
         dv = dv.rename_columns([unsuffix(c, [("dcnt", "sum")]) for c in dv.column_names])
         ok, ocols = safe_keys(_prefixed(before, "o."), [f"o.{c}" for c in names], "_o")
         dk, dcols = safe_keys(_prefixed(dv, "d."), [f"d.{c}" for c in names], "_d")
-        ok = ok.append_column(_ROW, pa.array(np.arange(ok.num_rows, dtype=np.int64)))
-        both = key_join(ok, dk, ocols, dcols, "right outer")  # as ``run``'s
-        hit = np.zeros(ok.num_rows, bool)
-        hit[pc.drop_null(both[_ROW]).to_numpy()] = True
+        both, hit = _beside(ok, dk, ocols, dcols)
         cnt = pc.add(pc.fill_null(both["o.cnt"], 0), both["d.dcnt"])
         changed = pa.table({**{c: pc.coalesce(both[f"d.{c}"], both[f"o.{c}"]) for c in names},
                             "cnt": cnt})
@@ -434,6 +426,19 @@ def live_rows(stored: pa.Table, files: list[StateFile], keys: list[str], alive: 
         return stored
     dropped = pc.fill_null(pc.equal(stored[alive], 0), True)
     return stored.filter(pc.invert(dropped)) if pc.any(dropped).as_py() else stored
+
+
+def _beside(state: pa.Table, batch: pa.Table, skeys: list[str], bkeys: list[str]
+            ) -> tuple[pa.Table, np.ndarray]:
+    """Each row of ``batch`` (the groups or values a batch touches) beside its ``state``
+    row, if any (both with ``safe_keys``' columns ``bkeys`` / ``skeys``): one join, hashing
+    the batch's side (the smaller) and probing the state; and per state row whether the
+    batch touches it."""
+    state = state.append_column(_ROW, pa.array(np.arange(state.num_rows, dtype=np.int64)))
+    both = key_join(state, batch, skeys, bkeys, "right outer")
+    hit = np.zeros(state.num_rows, bool)
+    hit[pc.drop_null(both[_ROW]).to_numpy()] = True
+    return both.drop_columns([_ROW]), hit
 
 
 def with_batch_column(table: pa.Table, batch: int) -> pa.Table:
