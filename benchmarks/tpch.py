@@ -32,15 +32,10 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))  # tests.tpch, the generator
 
-from common import Target, batch_seconds, delta_rows, env_info, finish, log, run_octo, \
+from common import Target, batch_seconds, env_info, finish, log, run_octo, \
     session  # noqa: E402
 
 GOAL = 0.2  # issue 63: octo's refresh batch ≤ 0.2× Spark recomputing the 22 (at SF 1)
-
-
-def write_feed(directory: Path, name: str, lines: list[str]) -> None:
-    directory.mkdir(parents=True, exist_ok=True)
-    (directory / name).write_text("\n".join(lines) + "\n")
 
 
 def current_views(spark: Any, tpch: Any, where: Path) -> None:
@@ -70,27 +65,19 @@ def recompute(spark: Any, queries: dict[str, str]) -> dict[str, float]:
 
 
 def same_results(spark: Any, warehouse: Path, queries: dict[str, str]) -> list[str]:
-    """The queries whose octo current state differs from Spark's answer (as bags of rows,
-    numbers compared as text after rounding doubles)."""
+    """The queries whose octo current state differs from Spark's answer (as the TPC-H oracle
+    compares them: ``tests.oracle``'s ``norm`` and ``same_rows``)."""
     from collections import Counter
 
-    def norm(v: Any) -> Any:
-        return round(v, 6) if isinstance(v, float) else str(v) if v is not None else None
+    from tests.oracle import current, norm, same_rows
 
-    wrong = []
-    for name, sql in queries.items():
-        want = Counter(tuple(norm(v) for v in r) for r in spark.sql(sql).collect())
-        where = warehouse / "_current" / name
-        rows = delta_rows(where) if where.exists() else None
-        got = Counter() if rows is None else Counter(
-            tuple(norm(v) for c, v in r.items() if c != "_bucket") for r in rows.to_pylist())
-        if got != want:
-            wrong.append(name)
-    return wrong
+    return [name for name, sql in queries.items() if not same_rows(
+        current(warehouse, name), Counter(norm(tuple(r)) for r in spark.sql(sql).collect()))]
 
 
 def measure(spark: Any, out: Path, sf: float, refreshes: int, fraction: float,
             driver_rows: int | None) -> dict[str, Any]:
+    from tests.oracle import write_lines
     from tests.tpch import Tpch
 
     t0 = time.perf_counter()
@@ -109,7 +96,7 @@ def measure(spark: Any, out: Path, sf: float, refreshes: int, fraction: float,
         feeds = tpch.load() if round_no == 0 else tpch.refresh(fraction)
         for table, lines in feeds.items():
             if lines:
-                write_feed(work / "data" / table, f"r{round_no:03d}.json", lines)
+                write_lines(work / "data" / table, f"r{round_no:03d}.json", lines)
         t0 = time.perf_counter()
         # The initial load on the Spark path: on the driver path (each table's input under
         # --driver-rows), SF 0.1's load of 22 tables ran the driver's JVM out of heap.
