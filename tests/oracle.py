@@ -180,8 +180,28 @@ def _quantified(node: exp.Expression) -> exp.Expression:
     test = type(node)(this=sqlglot.parse_one(x, read="spark"),
                       expression=exp.column("_y", table="_q")).sql("spark")
 
+    # a plain SELECT whose FROM cannot capture x's columns: read in place (a correlated
+    # one's outer columns then stay in reach), else as a derived table
+    plain = isinstance(sub, exp.Select) and len(sub.expressions) == 1 and not any(
+        sub.args.get(a) for a in ("group", "having", "limit", "distinct")) and not any(
+        isinstance(n, exp.AggFunc) for n in sub.expressions[0].walk())
+    names = {t.alias_or_name.lower() for t in sub.find_all(exp.Table)} if plain else set()
+    plain = plain and all(c.table and c.table.lower() not in names
+                          for c in node.this.find_all(exp.Column))
+
     def some(cond: str) -> str:
-        return f"EXISTS (SELECT 1 FROM ({sub.sql('spark')}) AS _q(_y) WHERE {cond})"
+        if not plain:
+            return f"EXISTS (SELECT 1 FROM ({sub.sql('spark')}) AS _q(_y) WHERE {cond})"
+        # its own FROM and WHERE (a correlated subquery's outer columns stay in reach)
+        y = sub.expressions[0].unalias().sql("spark")
+        rows = sub.copy()
+        rows.set("expressions", [exp.Literal.number(1)])
+        where = sub.args.get("where")
+        cond = cond.replace("_q._y", f"({y})")
+        rows.set("where", exp.Where(this=sqlglot.parse_one(
+            f"({where.this.sql('spark')}) AND ({cond})" if where is not None else cond,
+            read="spark")))
+        return f"EXISTS ({rows.sql('spark')})"
     if isinstance(q, exp.Any):
         text = (f"CASE WHEN {some(test)} THEN TRUE WHEN {some(f'({test}) IS NULL')} "
                 "THEN NULL ELSE FALSE END")

@@ -29,6 +29,11 @@ TABLES = {
         WHERE a.k = b.k AND a.g = b.g GROUP BY a.g""",
     "comma_left": """SELECT a.id AS aid, b.id AS bid, c.id AS cid FROM a_cdc a, b_cdc b
         LEFT JOIN c_app c ON c.k = b.k AND c.v > b.v WHERE a.id = b.k""",
+    # a RIGHT / FULL JOIN after a comma: the comma binds looser (a times b RIGHT JOIN c)
+    "comma_right": """SELECT a.id AS aid, b.id AS bid, c.id AS cid FROM a_cdc a, b_cdc b
+        RIGHT JOIN c_app c ON c.k = b.k AND b.v > 50 WHERE a.id = c.k""",
+    "comma_full": """SELECT c.id AS cid, a.id AS aid, b.id AS bid FROM c_app c, a_cdc a
+        FULL JOIN b_cdc b ON a.k = b.k AND b.g = 'a' WHERE c.v > 95""",
     # outer joins without an equality (on the constant key, the condition per pair)
     "left_lt": """SELECT a.id AS aid, c.id AS cid FROM a_cdc a
         LEFT JOIN c_app c ON c.v > a.v + 70""",
@@ -66,6 +71,12 @@ TABLES = {
         FROM a_cdc GROUP BY g""",
     "sum_distinct_global": """SELECT SUM(DISTINCT v) AS s, COUNT(v) AS n FROM b_cdc
         WHERE v > 90""",
+    # DISTINCT aggregates of different arguments: a GROUP BY per argument, joined on the
+    # GROUP BY columns (g has NULLs)
+    "distinct_two": """SELECT g, SUM(DISTINCT k) AS sk, COUNT(DISTINCT v) AS cv,
+        AVG(DISTINCT v % 7) AS av, COUNT(*) AS n FROM a_cdc GROUP BY g""",
+    "distinct_two_global": """SELECT SUM(DISTINCT k) AS sk, AVG(DISTINCT v) AS av
+        FROM b_cdc WHERE v > 80""",
 }
 
 

@@ -57,6 +57,25 @@ TABLES = {
         AS ne_all, v >= ALL (SELECT v FROM b_cdc WHERE k = 2) AS ge_all,
         k <> ANY (SELECT k FROM c_app WHERE v > 90) AS ne_any,
         v = ALL (SELECT v FROM c_app WHERE v > 97) AS eq_all FROM a_cdc""",
+    # correlated ANY / ALL / IN as values: the subquery's row counts, least and greatest
+    # value per row as correlated aggregates (by equality, by an inequality)
+    "all_corr": """SELECT a.id, a.v FROM a_cdc a
+        WHERE a.v > ALL (SELECT b.v FROM b_cdc b WHERE b.k = a.k)""",
+    "any_corr_lt": """SELECT a.id, a.v <= ANY (SELECT c.v FROM c_app c WHERE c.k < a.k - 5)
+        AS x, a.d = ANY (SELECT b.d FROM b_cdc b WHERE b.g = a.g) AS y FROM a_cdc a""",
+    "in_corr_or": """SELECT a.id, a.k NOT IN (SELECT b.v % 13 FROM b_cdc b WHERE b.g = a.g)
+        AS ni FROM a_cdc a WHERE a.v > 90 OR a.d IN (SELECT b.d FROM b_cdc b
+        WHERE b.k = a.k)""",
+    # IN / EXISTS / ANY in HAVING and beside the aggregates of a GROUP BY: a SELECT over
+    # the GROUP BY
+    "having_in": """SELECT g, COUNT(*) AS n FROM a_cdc GROUP BY g
+        HAVING g IN (SELECT g FROM b_cdc WHERE v > 50) OR COUNT(*) > 6""",
+    "having_exists": """SELECT a.k, SUM(a.v) AS s FROM a_cdc a GROUP BY a.k
+        HAVING EXISTS (SELECT 1 FROM b_cdc b WHERE b.k = a.k AND b.v > 50)""",
+    "agg_beside": """SELECT k % 4 AS m, COUNT(*) AS n, k % 4 IN (SELECT k FROM c_app
+        WHERE v > 50) AS e FROM a_cdc GROUP BY k % 4""",
+    "agg_beside_all": """SELECT a.k, MAX(a.v) AS top, a.k * 10 >= ALL (SELECT b.v
+        FROM b_cdc b WHERE b.g = 'a') AS ge FROM a_cdc a GROUP BY a.k""",
     # IN / EXISTS under OR and in SELECT (NOT IN with its NULLs: v % 13 is NULL at times);
     # EXISTS without an equality to the outer query (a semi / anti join on the constant key)
     "in_or": "SELECT id FROM a_cdc WHERE v > 90 OR k IN (SELECT k FROM b_cdc WHERE v > 50)",

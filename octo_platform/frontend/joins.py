@@ -18,21 +18,20 @@ class JoinBinding:
     """Joins of ``QueryBinder`` (mixed into it)."""
 
     def from_(self, select: exp.Select, ctes: dict[str, Node]) -> Scope:
-        """The FROM clause's inputs joined left to right. A comma, ``CROSS JOIN`` or inner
-        ``JOIN`` without an equality is a cross join here: the ``join_conditions`` rule
-        turns the WHERE equalities between its inputs into join keys."""
+        """The FROM clause's inputs joined left to right, as Spark does (a comma binds as
+        tightly as ``JOIN``: ``FROM a, b RIGHT JOIN c ON ...`` keeps every row of ``c``). A
+        comma, ``CROSS JOIN`` or inner ``JOIN`` without an equality is a cross join here:
+        the ``join_conditions`` rule turns the WHERE equalities between its inputs into
+        join keys."""
         from_ = select.args.get("from_")
         if from_ is None:
             raise self.error("a streaming table needs a FROM clause", select)
         scope = self.from_item(from_.this, ctes)
-        crossed = False
         for j in select.args.get("joins") or []:
-            scope = self.join(scope, j, ctes, after_cross=crossed)
-            crossed = crossed or (j.kind or "").upper() == "CROSS"
+            scope = self.join(scope, j, ctes)
         return scope
 
-    def join(self, left: Scope, j: exp.Join, ctes: dict[str, Node], *,
-             after_cross: bool = False) -> Scope:
+    def join(self, left: Scope, j: exp.Join, ctes: dict[str, Node]) -> Scope:
         right = self.from_item(j.this, ctes)
         what = f"JOIN {j.this.sql(DIALECT)}"
         side, kind_word = (j.side or "").upper(), (j.kind or "").upper()
@@ -45,11 +44,6 @@ class JoinBinding:
         if on is None and side and not using:
             raise self.error(f"{side} {what} has no ON condition: join ON an equality of "
                              "the two sides", j)
-        if after_cross and side in ("RIGHT", "FULL"):
-            raise self.error(f"{side} JOIN after a comma or CROSS JOIN in the same FROM is "
-                             "ambiguous here (a comma binds looser than JOIN, CROSS JOIN "
-                             "does not): put the tables joined by commas in a subquery, or "
-                             "join them with JOIN ... ON", j)
         for item, scope in ((j.this, right), (j.parent_select, left)):
             if not scope.joined and not scope.rels[0].aliases:
                 raise self.error("a subquery in a join needs an alias", item)

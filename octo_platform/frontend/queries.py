@@ -212,6 +212,8 @@ class QueryBinder(JoinBinding, SubqueryBinding, AggregateBinding, OrderBinding):
             isinstance(n, exp.AggFunc) and n.find_ancestor(exp.Window) is None
             and n.find_ancestor(exp.Select) is select
             for item in select.expressions for n in item.walk())
+        if is_agg and (lifted := self.lifted(select, scope, ctes)) is not None:
+            return self.select(lifted, ctes)
         select, scope, post = self.scalar_subqueries(select, scope, ctes, is_agg)
         select, scope = self.mark_subqueries(select, scope, ctes, is_agg)
         group, having = select.args.get("group"), select.args.get("having")

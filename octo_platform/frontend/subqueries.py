@@ -39,7 +39,7 @@ from octo_platform.logical.plan import (
 )
 from octo_platform.sqltext import quote, rename_columns
 
-__all__ = ["SubqueryBinding", "Scalar"]
+__all__ = ["SubqueryBinding", "Scalar", "is_predicate_subquery"]
 
 WHERE_TO_WRITE = ("write it as a join with a GROUP BY subquery (FROM t JOIN (SELECT k, "
                   "agg(...) AS v FROM u GROUP BY k) s ON s.k = t.k)")
@@ -95,12 +95,8 @@ class SubqueryBinding:
         ALL (subquery)``, replaced by its truth value per row, read from LEFT JOINs (a mark
         join), and the scope so joined."""
         def is_mark(n: exp.Expression, s: exp.Select) -> bool:
-            if n.find_ancestor(exp.Select) is not s:
-                return False
-            if isinstance(n, tuple(_QUANTIFIED)):
-                return _quantified(n) is not None
-            return (isinstance(n, exp.Exists) or n.args.get("query") is not None) \
-                and not _is_top_conjunct(n, s)
+            return (n.find_ancestor(exp.Select) is s and is_predicate_subquery(n)
+                    and (_quantified(n) is not None or not _is_top_conjunct(n, s)))
 
         def marks(s: exp.Select) -> list[exp.Expression]:
             return [n for n in s.find_all(exp.In, exp.Exists, *_QUANTIFIED) if is_mark(n, s)]
@@ -128,36 +124,53 @@ class SubqueryBinding:
         """``x IN (SELECT y ...)`` per row, with SQL's NULLs: TRUE on a match; else FALSE
         when the subquery is empty, NULL when ``x`` is NULL or the subquery has a NULL."""
         query = node.args["query"].this
+        x = node.this.copy()
         try:
             inner = self.query(query, ctes)
-        except PlanError as error:
-            if isinstance(query, exp.Select) and self.references_outer(query, scope, ctes):
+        except PlanError:
+            if not isinstance(query, exp.Select) or not self.references_outer(query, scope,
+                                                                               ctes):
+                raise
+            # correlated: EXISTS a row equal to x; its row counts as correlated aggregates
+            item = query.expressions[0] if len(query.expressions) == 1 else None
+            y = item.this if isinstance(item, exp.Alias) else item
+            if y is None or any(isinstance(n, exp.AggFunc) for n in y.walk()) or any(
+                    query.args.get(a) is not None for a in ("distinct", "group", "limit")):
                 raise self.error("a correlated IN (subquery) outside a condition AND-ed in "
-                                 "WHERE is not supported: write EXISTS (SELECT ... WHERE "
-                                 "inner.col = outer.col AND inner.y = outer.x)", node) from error
-            raise
-        if len(inner.columns) != 1:
-            raise self.error(f"an IN subquery must return one column (it returns "
-                             f"{len(inner.columns)})", node)
-        y = inner.columns[0]
-        values = Aggregate(inner.columns, input=inner, keys=inner.columns, distinct=True)
-        counts = Aggregate(("n", "nn"), input=inner, keys=(),
-                           aggs=(AggCall("count", None), AggCall("count", y)))
-        self.subqueries += 1
-        match = Scalar(f"_sq{self.subqueries}", values, (self.rewrite(node.this, scope),))
-        self.subqueries += 1
-        stats = Scalar(f"_sq{self.subqueries}", counts)
-        for s in (match, stats):
-            scope = self.join_scalar(scope, s, _rel(s))
-        x = node.this.copy()
+                                 "WHERE is supported over one column of its rows (no "
+                                 "aggregate, DISTINCT, GROUP BY or LIMIT)", node)
+            equal = query.copy()
+            equal.set("where", exp.Where(this=exp.and_(
+                exp.Paren(this=query.args["where"].this.copy()),
+                exp.EQ(this=y.copy(), expression=x.copy()))))
+            scope, found = self.exists_mark(exp.Exists(this=equal), scope, ctes)
+            self.subqueries += 1
+            stats, (n, nn) = self.correlated(
+                query, scope, f"_sq{self.subqueries}", ctes,
+                values=(exp.Count(this=exp.Star()), exp.Count(this=y.copy())),
+                what="a correlated IN (subquery)")
+            scope = self.join_scalar(scope, stats, _rel(stats))
+        else:
+            if len(inner.columns) != 1:
+                raise self.error(f"an IN subquery must return one column (it returns "
+                                 f"{len(inner.columns)})", node)
+            y = inner.columns[0]
+            values = Aggregate(inner.columns, input=inner, keys=inner.columns, distinct=True)
+            counts = Aggregate(("n", "nn"), input=inner, keys=(),
+                               aggs=(AggCall("count", None), AggCall("count", y)))
+            self.subqueries += 1
+            match = Scalar(f"_sq{self.subqueries}", values, (self.rewrite(node.this, scope),))
+            self.subqueries += 1
+            stats = Scalar(f"_sq{self.subqueries}", counts)
+            for s in (match, stats):
+                scope = self.join_scalar(scope, s, _rel(s))
+            found = exp.Not(this=exp.Is(this=_column(match.label, y), expression=exp.Null()))
+            n, nn = _column(stats.label, "n"), _column(stats.label, "nn")
         value = exp.Case(ifs=[
-            exp.If(this=exp.Not(this=exp.Is(this=_column(match.label, y), expression=exp.Null())),
-                   true=exp.true()),
-            exp.If(this=exp.EQ(this=_column(stats.label, "n"), expression=exp.Literal.number(0)),
-                   true=exp.false()),
+            exp.If(this=found, true=exp.true()),
+            exp.If(this=exp.EQ(this=n, expression=exp.Literal.number(0)), true=exp.false()),
             exp.If(this=exp.or_(exp.Is(this=exp.Paren(this=x), expression=exp.Null()),
-                                exp.LT(this=_column(stats.label, "nn"),
-                                       expression=_column(stats.label, "n"))),
+                                exp.LT(this=nn, expression=n.copy())),
                    true=exp.Cast(this=exp.Null(), to=exp.DataType.build("BOOLEAN")))],
             default=exp.false())
         return scope, exp.Paren(this=value)
@@ -178,25 +191,34 @@ class SubqueryBinding:
             scope, value = self.in_mark(exp.In(this=node.this.copy(), query=exp.Subquery(
                 this=query.copy())), scope, ctes)
             return scope, exp.Paren(this=exp.Not(this=value)) if every else value
+        what = f"an {'ALL' if every else 'ANY'} subquery"
+        self.subqueries += 1
+        label = f"_sq{self.subqueries}"
         try:
             inner = self.query(query, ctes)
-        except PlanError as error:
-            if isinstance(query, exp.Select) and self.references_outer(query, scope, ctes):
-                raise self.error(f"a correlated x {op} {'ALL' if every else 'ANY'} "
-                                 "(subquery) is not supported: write [NOT] EXISTS (SELECT "
-                                 f"... WHERE inner.col = outer.col AND ...)", node) from error
-            raise
-        if len(inner.columns) != 1:
-            raise self.error(f"an {'ALL' if every else 'ANY'} subquery must return one "
-                             f"column (it returns {len(inner.columns)})", node)
-        y = inner.columns[0]
-        stats = Aggregate(("n", "nn", "lo", "hi"), input=inner, keys=(), aggs=(
-            AggCall("count", None), AggCall("count", y), AggCall("min", y),
-            AggCall("max", y)))
-        self.subqueries += 1
-        s = Scalar(f"_sq{self.subqueries}", stats)
+        except PlanError:
+            if not isinstance(query, exp.Select) or not self.references_outer(query, scope,
+                                                                               ctes):
+                raise
+            # correlated: the four values per row, as correlated aggregates
+            if len(query.expressions) != 1:
+                raise self.error(f"{what} must return one column (it returns "
+                                 f"{len(query.expressions)})", node)
+            item = query.expressions[0]
+            y = item.this if isinstance(item, exp.Alias) else item
+            s, (n, nn, lo, hi) = self.correlated(query, scope, label, ctes, values=(
+                exp.Count(this=exp.Star()), exp.Count(this=y.copy()), exp.Min(this=y.copy()),
+                exp.Max(this=y.copy())), what=f"a correlated {what}")
+        else:
+            if len(inner.columns) != 1:
+                raise self.error(f"{what} must return one column (it returns "
+                                 f"{len(inner.columns)})", node)
+            y = inner.columns[0]
+            s = Scalar(label, Aggregate(("n", "nn", "lo", "hi"), input=inner, keys=(), aggs=(
+                AggCall("count", None), AggCall("count", y), AggCall("min", y),
+                AggCall("max", y))))
+            n, nn, lo, hi = (_column(s.label, c) for c in ("n", "nn", "lo", "hi"))
         scope = self.join_scalar(scope, s, _rel(s))
-        n, nn, lo, hi = (_column(s.label, c) for c in ("n", "nn", "lo", "hi"))
 
         def x() -> exp.Expression:
             return exp.Paren(this=node.this.copy())
@@ -250,7 +272,7 @@ class SubqueryBinding:
         split = self.correlation(query, inner, scope, "a correlated EXISTS", strict=False)
         if split is None:  # correlated otherwise: whether COUNT(*) over its rows > 0
             count = exp.Count(this=exp.Star())
-            s, value = self.correlated_by_rows(query, count, inner, scope, label, ctes)
+            s, (value,) = self.correlated_by_rows(query, (count,), inner, scope, label, ctes)
             scope = self.join_scalar(scope, s, _rel(s))
             return scope, exp.Paren(this=exp.GT(this=value, expression=exp.Literal.number(0)))
         inner_keys, outer_keys, kept = split
@@ -321,7 +343,7 @@ class SubqueryBinding:
             if not isinstance(query, exp.Select) or not self.references_outer(query, scope,
                                                                                ctes):
                 raise
-            scalar, value = self.correlated(query, scope, label, ctes)
+            scalar, (value,) = self.correlated(query, scope, label, ctes)
             scalar.at = sub
             return scalar, value
         if len(node.columns) != 1:
@@ -346,44 +368,49 @@ class SubqueryBinding:
         return any(_side(c, inner, scope, self.file) == "outer" for c in cols)
 
     def correlated(self, query: exp.Select, scope: Scope, label: str,
-                   ctes: dict[str, Node]) -> tuple[Scalar, exp.Expression]:
+                   ctes: dict[str, Node], values: tuple[exp.Expression, ...] = (),
+                   what: str = "a correlated scalar subquery"
+                   ) -> tuple[Scalar, tuple[exp.Expression, ...]]:
         """``(SELECT agg(...) FROM t WHERE t.k = outer.k AND ...)`` as a GROUP BY of the
         inner sides of its correlation equalities, and the expression for it: its value,
-        or the value over no rows where no group matches."""
-        what = "a correlated scalar subquery"
+        or the value over no rows where no group matches. ``values``: aggregates over its
+        rows to compute in its place (one expression each)."""
         for arg in ("group", "having", "limit", "order", "distinct"):
             if query.args.get(arg) is not None:
                 raise self.error(f"{arg.upper()} in {what} is not supported: "
                                  f"{WHERE_TO_WRITE}", query.args[arg])
-        if len(query.expressions) != 1:
-            raise self.error(f"a scalar subquery must return one column (it returns "
-                             f"{len(query.expressions)})", query)
-        item = query.expressions[0]
-        value = item.this if isinstance(item, exp.Alias) else item
-        if not any(isinstance(n, exp.AggFunc) for n in value.walk()):
-            raise self.error(f"{what} must be an aggregate (SELECT count(*) / max(x) ... "
-                             f"WHERE inner.k = outer.k), which gives one value per row", item)
+        if not values:
+            if len(query.expressions) != 1:
+                raise self.error(f"a scalar subquery must return one column (it returns "
+                                 f"{len(query.expressions)})", query)
+            item = query.expressions[0]
+            values = (item.this if isinstance(item, exp.Alias) else item,)
+            if not any(isinstance(n, exp.AggFunc) for n in values[0].walk()):
+                raise self.error(f"{what} must be an aggregate (SELECT count(*) / max(x) ... "
+                                 f"WHERE inner.k = outer.k), which gives one value per row",
+                                 item)
         inner = self.from_(query, ctes)
-        if any(_side(col, inner, scope, self.file) == "outer" for col in value.find_all(
-                exp.Column)):
-            raise self.error(f"{what} may read outer columns only in its WHERE", item)
+        for value in values:
+            if any(_side(col, inner, scope, self.file) == "outer" for col in value.find_all(
+                    exp.Column)):
+                raise self.error(f"{what} may read outer columns only in its WHERE",
+                                 query.expressions[0])
         split = self.correlation(query, inner, scope, what, strict=False)
         if split is None:
-            return self.correlated_by_rows(query, value, inner, scope, label, ctes)
+            return self.correlated_by_rows(query, values, inner, scope, label, ctes)
         inner_keys, outer_keys, kept = split
         grouped = query.copy()
         grouped.set("where", exp.Where(this=exp.and_(*kept)) if kept else None)
         grouped.set("group", exp.Group(expressions=[k.copy() for k in inner_keys]))
         grouped.set("expressions", [
             *(exp.alias_(k.copy(), f"_k{i}", quoted=True) for i, k in enumerate(inner_keys)),
-            exp.alias_(exp.true(), "_m", quoted=True),
-            exp.alias_(value.copy(), "_v", quoted=True)])
+            *_value_items(values)])
         node = self.query(grouped, ctes)
-        return Scalar(label, node, tuple(outer_keys)), _or_over_no_rows(label, value)
+        return Scalar(label, node, tuple(outer_keys)), _or_over_no_rows(label, values)
 
-    def correlated_by_rows(self, query: exp.Select, value: exp.Expression, inner: Scope,
-                           scope: Scope, label: str, ctes: dict[str, Node]
-                           ) -> tuple[Scalar, exp.Expression]:
+    def correlated_by_rows(self, query: exp.Select, values: tuple[exp.Expression, ...],
+                           inner: Scope, scope: Scope, label: str, ctes: dict[str, Node]
+                           ) -> tuple[Scalar, tuple[exp.Expression, ...]]:
         """A scalar subquery correlated by other conditions (``x.b < t.b``): over the
         distinct values of the outer columns it reads (``_o0``, ...), joined with its FROM
         by its whole WHERE (a cross join with a residual when no equality is left: each
@@ -400,14 +427,13 @@ class SubqueryBinding:
             col.replace(exp.column(f"_o{outer_cols.index(name)}", table="_d", quoted=True))
         picked = tuple(f"_o{i}" for i in range(len(outer_cols)))
         source, cols = _narrowest(scope.node, outer_cols)
-        values = Project(picked, input=source, exprs=tuple(quote(c) for c in cols))
+        outer = Project(picked, input=source, exprs=tuple(quote(c) for c in cols))
         cte = f"{label}_outer"
-        ctes = {**ctes, cte: Aggregate(picked, input=values, keys=picked, distinct=True)}
+        ctes = {**ctes, cte: Aggregate(picked, input=outer, keys=picked, distinct=True)}
         keys = [exp.column(c, table="_d", quoted=True) for c in picked]
         grouped = exp.Select(expressions=[
             *(exp.alias_(k.copy(), f"_k{i}", quoted=True) for i, k in enumerate(keys)),
-            exp.alias_(exp.true(), "_m", quoted=True),
-            exp.alias_(value.copy(), "_v", quoted=True)])
+            *_value_items(values)])
         grouped.set("from_", exp.From(this=exp.Table(
             this=exp.to_identifier(cte), alias=exp.TableAlias(this=exp.to_identifier("_d")))))
         grouped.set("joins", [exp.Join(this=query.args["from_"].this.copy(), kind="CROSS"),
@@ -420,7 +446,7 @@ class SubqueryBinding:
             for side, ref in ((outer_keys, quote(c)), (inner_keys, quote(f"_k{i}"))):
                 side += [f"isnull({ref})", f"coalesce(CAST({ref} AS STRING), '')"]
         return (Scalar(label, node, tuple(outer_keys), tuple(inner_keys)),
-                _or_over_no_rows(label, value))
+                _or_over_no_rows(label, values))
 
 
 def _narrowest(node: Node, cols: list[str]) -> tuple[Node, list[str]]:
@@ -447,15 +473,31 @@ def _narrowest(node: Node, cols: list[str]) -> tuple[Node, list[str]]:
             return node, cols
 
 
-def _or_over_no_rows(label: str, value: exp.Expression) -> exp.Expression:
-    """The subquery's value, or (no group matched) its value over no rows."""
-    column: exp.Expression = _column(label, "_v")
-    empty = _over_no_rows(value)
-    if not isinstance(empty, exp.Null):
-        matched = _column(label, "_m")
-        column = exp.Case(ifs=[exp.If(this=exp.Is(this=matched, expression=exp.Null()),
-                                      true=empty)], default=column)
-    return exp.Paren(this=column)
+def _value_name(i: int) -> str:
+    """The column of a correlated subquery's ``i``-th value."""
+    return "_v" if i == 0 else f"_v{i}"
+
+
+def _value_items(values: tuple[exp.Expression, ...]) -> list[exp.Expression]:
+    """A correlated subquery's select items after its keys: whether a group matched
+    (``_m``), its values."""
+    return [exp.alias_(exp.true(), "_m", quoted=True),
+            *(exp.alias_(v.copy(), _value_name(i), quoted=True) for i, v in enumerate(values))]
+
+
+def _or_over_no_rows(label: str, values: tuple[exp.Expression, ...]
+                     ) -> tuple[exp.Expression, ...]:
+    """Each of the subquery's values, or (no group matched) its value over no rows."""
+    out = []
+    for i, value in enumerate(values):
+        column: exp.Expression = _column(label, _value_name(i))
+        empty = _over_no_rows(value)
+        if not isinstance(empty, exp.Null):
+            matched = _column(label, "_m")
+            column = exp.Case(ifs=[exp.If(this=exp.Is(this=matched, expression=exp.Null()),
+                                          true=empty)], default=column)
+        out.append(exp.Paren(this=column))
+    return tuple(out)
 
 
 def _is_scalar(sub: exp.Subquery, select: exp.Select) -> bool:
@@ -529,6 +571,13 @@ def _is_top_conjunct(node: exp.Expression, select: exp.Select) -> bool:
 
 _QUANTIFIED = {exp.EQ: "=", exp.NEQ: "<>", exp.GT: ">", exp.GTE: ">=", exp.LT: "<",
                exp.LTE: "<="}
+
+
+def is_predicate_subquery(node: exp.Expression) -> bool:
+    """Whether ``node`` is ``x IN (subquery)``, ``EXISTS (subquery)`` or ``x <op> ANY /
+    ALL (subquery)``."""
+    return (isinstance(node, exp.Exists) or isinstance(node, exp.In)
+            and node.args.get("query") is not None or _quantified(node) is not None)
 
 
 def _quantified(node: exp.Expression) -> exp.Expression | None:
