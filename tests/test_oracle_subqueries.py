@@ -44,6 +44,18 @@ TABLES = {
         WHERE a.k = c.k AND a.v < (SELECT AVG(x.v) FROM b_cdc x WHERE x.k = a.k)""",
     "in_grouped": """SELECT a.g, SUM(a.v) AS s FROM a_cdc a
         WHERE a.k IN (SELECT k FROM b_cdc GROUP BY k HAVING SUM(v) > 100) GROUP BY a.g""",
+    # correlated, one row per row: grouped by the correlation's inner column (NULL where no
+    # group matches, COUNT too), the first row by an ORDER BY (a top-1 per key)
+    "corr_grouped_first": """SELECT a.id, (SELECT COUNT(*) FROM b_cdc b WHERE b.k = a.k
+        GROUP BY b.k) AS n, (SELECT b.v FROM b_cdc b WHERE b.k = a.k ORDER BY b.id DESC
+        LIMIT 1) AS last_v FROM a_cdc a""",
+    # EXISTS over groups: HAVING decides (a semi join with the keys of the groups it keeps,
+    # a mark); a GROUP BY without HAVING has a row where its input has one
+    "exists_having": """SELECT a.id FROM a_cdc a WHERE EXISTS (SELECT b.k FROM b_cdc b
+        WHERE b.k = a.k GROUP BY b.k HAVING SUM(b.v) > 60)""",
+    "exists_having_value": """SELECT a.id, NOT EXISTS (SELECT 1 FROM b_cdc b
+        WHERE b.g = a.g GROUP BY b.k HAVING COUNT(*) > 1) AS e FROM a_cdc a
+        WHERE EXISTS (SELECT MAX(b.v) FROM b_cdc b WHERE b.k = a.k GROUP BY b.g)""",
     # EXISTS over a global aggregate: one row whatever the input (TRUE), as a condition
     # and as a value
     "exists_agg": """SELECT a.id, NOT EXISTS (SELECT COUNT(*) FROM c_app c WHERE c.k = a.k)

@@ -81,6 +81,10 @@ SELECT cor0.col1 FROM tab0 cor0, tab1 b RIGHT JOIN tab2 c ON b.col0 = c.col0
 SELECT col0 FROM tab0 t WHERE col1 > 2 OR col2 IN (SELECT u.col1 FROM tab1 u WHERE u.col0 = t.col0)
 SELECT col1, COUNT(*) FROM tab0 GROUP BY col1 HAVING col1 IN (SELECT col2 FROM tab1) OR COUNT(*) > 2
 SELECT col1, COUNT(*), EXISTS (SELECT 1 FROM tab1 u WHERE u.col0 = t.col1) FROM tab0 t GROUP BY col1
+SELECT t.col0, (SELECT SUM(u.col2) FROM tab1 u WHERE u.col0 = t.col1 GROUP BY u.col0) FROM tab0 t
+SELECT t.col0, (SELECT u.col2 FROM tab1 u WHERE u.col0 = t.col1 ORDER BY u.col1 DESC LIMIT 1) FROM tab0 t
+SELECT a.col0 FROM tab0 a WHERE EXISTS (SELECT b.col1 FROM tab1 b WHERE b.col0 = a.col1 GROUP BY b.col1 HAVING SUM(b.col2) > 10)
+SELECT a.col0 FROM tab0 a WHERE NOT EXISTS (SELECT DISTINCT max(b.col1) FROM tab1 b WHERE b.col0 = a.col1 GROUP BY b.col2)
 """.strip().splitlines()
 
 REFUSED = {
@@ -88,6 +92,8 @@ REFUSED = {
     "SELECT ALL * FROM tab1, tab2 AS cor0 WHERE NOT NULL IS NOT NULL":
         "duplicate output column 'col0'",
     "SELECT (SELECT col1 FROM tab1) FROM tab0": "must return at most one row",
+    "SELECT t.col0, (SELECT COUNT(*) FROM tab1 u WHERE u.col0 = t.col1 GROUP BY u.col2) "
+    "FROM tab0 t": "may GROUP BY only inner columns it compares with outer ones",
     "SELECT col1, COUNT(*) FROM tab0 t GROUP BY col1 HAVING EXISTS (SELECT 1 FROM tab1 u "
     "WHERE u.col0 = t.col2)": "column 't.col2' must appear in GROUP BY",
     "SELECT col0 FROM tab0 t WHERE col1 > (SELECT u.col1 FROM tab1 u WHERE u.col0 = t.col0)":

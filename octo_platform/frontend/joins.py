@@ -6,6 +6,7 @@ from sqlglot import exp
 
 from octo_platform.frontend.scope import Rel, Scope
 from octo_platform.frontend.shapes import check_supported, conjuncts, one_row
+from octo_platform.frontend.subqueries import for_existence
 from octo_platform.logical.plan import CROSS_KEY, Filter, Join, Node, Project
 from octo_platform.sqltext import DIALECT, quote
 
@@ -172,9 +173,14 @@ class JoinBinding:
             rnames = (f"{label}.{inner.columns[0]}",)
             keys = [(self.rewrite(c.this, scope), quote(rnames[0]))]
             residual = None
+        elif (sub := for_existence(c.this)).args.get("having") is not None:
+            inner, outer_keys = self.groups_kept(sub, scope, ctes)
+            rnames = tuple(f"{label}.{col}" for col in inner.columns)
+            keys = [(k, quote(r)) for k, r in zip(outer_keys, rnames)] or [(CROSS_KEY,
+                                                                             CROSS_KEY)]
+            residual = None
         else:
-            sub = c.this
-            for arg in ("group", "having", "limit", "order", "distinct"):
+            for arg in ("limit", "order"):
                 if sub.args.get(arg) is not None:
                     raise self.error(f"{arg.upper()} in an EXISTS subquery is not supported",
                                      sub.args[arg])

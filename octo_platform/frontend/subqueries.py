@@ -39,7 +39,7 @@ from octo_platform.logical.plan import (
 )
 from octo_platform.sqltext import quote, rename_columns
 
-__all__ = ["SubqueryBinding", "Scalar", "is_predicate_subquery"]
+__all__ = ["SubqueryBinding", "Scalar", "for_existence", "is_predicate_subquery"]
 
 WHERE_TO_WRITE = ("write it as a join with a GROUP BY subquery (FROM t JOIN (SELECT k, "
                   "agg(...) AS v FROM u GROUP BY k) s ON s.k = t.k)")
@@ -249,7 +249,7 @@ class SubqueryBinding:
                     ) -> tuple[Scope, exp.Expression]:
         """``EXISTS (SELECT ... WHERE inner.k = outer.k AND ...)`` per row: a LEFT JOIN
         with the distinct inner keys; uncorrelated, whether the subquery has a row."""
-        query = node.this
+        query = for_existence(node.this)
         self.subqueries += 1
         label = f"_sq{self.subqueries}"
         if not isinstance(query, exp.Select):
@@ -264,10 +264,16 @@ class SubqueryBinding:
             scope = self.join_scalar(scope, s, _rel(s))
             return scope, exp.Paren(this=exp.GT(this=_column(label, "n"),
                                                 expression=exp.Literal.number(0)))
-        for arg in ("group", "having", "limit", "order"):
+        for arg in ("limit", "order"):
             if query.args.get(arg) is not None:
                 raise self.error(f"{arg.upper()} in a correlated EXISTS is not supported here",
                                  query.args[arg])
+        if query.args.get("having") is not None:
+            node, outer_keys = self.groups_kept(query, scope, ctes)
+            s = Scalar(label, node, tuple(outer_keys))
+            scope = self.join_scalar(scope, s, _rel(s))
+            return scope, exp.Paren(this=exp.Not(this=exp.Is(this=_column(label, "_e"),
+                                                               expression=exp.Null())))
         inner = self.from_(query, ctes)
         split = self.correlation(query, inner, scope, "a correlated EXISTS", strict=False)
         if split is None:  # correlated otherwise: whether COUNT(*) over its rows > 0
@@ -287,6 +293,27 @@ class SubqueryBinding:
         return scope, exp.Paren(this=exp.Not(this=exp.Is(this=_column(label, "_k0"),
                                                            expression=exp.Null())))
 
+    def groups_kept(self, query: exp.Select, scope: Scope, ctes: dict[str, Node]
+                    ) -> tuple[Node, list[str]]:
+        """``EXISTS (SELECT ... WHERE inner.k = outer.k AND ... GROUP BY g HAVING h)``: the
+        distinct inner sides ``_k0``, ... of its correlation equalities over the groups (by
+        them and ``g``) that HAVING keeps, beside TRUE (``_e``), and the outer expressions
+        equal to them."""
+        inner = self.from_(query, ctes)
+        inner_keys, outer_keys, kept = self.correlation(
+            query, inner, scope, "a correlated EXISTS with HAVING")
+        group = query.args.get("group")
+        grouped = query.copy()
+        grouped.set("where", exp.Where(this=exp.and_(*kept)) if kept else None)
+        by = [*(k.copy() for k in inner_keys),
+              *(g.copy() for g in (group.expressions if group is not None else []))]
+        grouped.set("group", exp.Group(expressions=by) if by else None)
+        grouped.set("expressions", [
+            *(exp.alias_(k.copy(), f"_k{i}", quoted=True) for i, k in enumerate(inner_keys)),
+            exp.alias_(exp.true(), "_e", quoted=True)])
+        grouped.set("distinct", exp.Distinct())
+        return self.query(grouped, ctes), outer_keys
+
     def correlation(self, query: exp.Select, inner: Scope, scope: Scope, what: str,
                     strict: bool = True
                     ) -> tuple[list[exp.Expression], list[str], list[exp.Expression]] | None:
@@ -296,7 +323,8 @@ class SubqueryBinding:
         inner_keys: list[exp.Expression] = []
         outer_keys: list[str] = []
         kept: list[exp.Expression] = []
-        for c in conjuncts(query.args["where"].this):
+        where = query.args.get("where")
+        for c in conjuncts(where.this) if where is not None else []:
             sides = {_side(col, inner, scope, self.file) for col in c.find_all(exp.Column)}
             if "outer" not in sides:
                 kept.append(c)
@@ -375,8 +403,14 @@ class SubqueryBinding:
         inner sides of its correlation equalities, and the expression for it: its value,
         or the value over no rows where no group matches. ``values``: aggregates over its
         rows to compute in its place (one expression each)."""
+        # one row per outer row: an aggregate; grouped by (some of) the inner sides of its
+        # correlation equalities (NULL where no group matches, COUNT too); or the first
+        # row by an ORDER BY (LIMIT 1)
+        top1 = not values and _limit(query) == 1 and query.args.get("order") is not None
+        allowed = {"order", "limit"} if top1 else {"group", "having"} if (
+            not values and query.args.get("group") is not None) else set()
         for arg in ("group", "having", "limit", "order", "distinct"):
-            if query.args.get(arg) is not None:
+            if query.args.get(arg) is not None and arg not in allowed:
                 raise self.error(f"{arg.upper()} in {what} is not supported: "
                                  f"{WHERE_TO_WRITE}", query.args[arg])
         if not values:
@@ -385,28 +419,47 @@ class SubqueryBinding:
                                  f"{len(query.expressions)})", query)
             item = query.expressions[0]
             values = (item.this if isinstance(item, exp.Alias) else item,)
-            if not any(isinstance(n, exp.AggFunc) for n in values[0].walk()):
+            if any(isinstance(n, exp.AggFunc) for n in values[0].walk()) == top1:
                 raise self.error(f"{what} must be an aggregate (SELECT count(*) / max(x) ... "
-                                 f"WHERE inner.k = outer.k), which gives one value per row",
-                                 item)
+                                 f"WHERE inner.k = outer.k) or the first row by an ORDER BY "
+                                 f"(ORDER BY ... LIMIT 1), which give one value per row", item)
         inner = self.from_(query, ctes)
         for value in values:
             if any(_side(col, inner, scope, self.file) == "outer" for col in value.find_all(
                     exp.Column)):
                 raise self.error(f"{what} may read outer columns only in its WHERE",
                                  query.expressions[0])
-        split = self.correlation(query, inner, scope, what, strict=False)
+        split = self.correlation(query, inner, scope, what, strict=bool(allowed))
         if split is None:
             return self.correlated_by_rows(query, values, inner, scope, label, ctes)
         inner_keys, outer_keys, kept = split
+        key_sql = [self.rewrite(k, inner) for k in inner_keys]
+        for g in query.args["group"].expressions if "group" in allowed else []:
+            if self.rewrite(g, inner) not in key_sql:
+                raise self.error(f"{what} may GROUP BY only inner columns it compares with "
+                                 "outer ones (WHERE inner.k = outer.k ... GROUP BY inner.k): "
+                                 "other groups would give several rows", g)
         grouped = query.copy()
         grouped.set("where", exp.Where(this=exp.and_(*kept)) if kept else None)
-        grouped.set("group", exp.Group(expressions=[k.copy() for k in inner_keys]))
-        grouped.set("expressions", [
-            *(exp.alias_(k.copy(), f"_k{i}", quoted=True) for i, k in enumerate(inner_keys)),
-            *_value_items(values)])
+        keys = [exp.alias_(k.copy(), f"_k{i}", quoted=True) for i, k in enumerate(inner_keys)]
+        if top1:
+            grouped.set("order", None)
+            grouped.set("limit", None)
+            grouped.set("expressions", [*keys, *_value_items(values), exp.alias_(exp.Window(
+                this=exp.RowNumber(), partition_by=[k.copy() for k in inner_keys],
+                order=query.args["order"].copy()), "_rn", quoted=True)])
+            first = exp.Select(expressions=[exp.column(c, quoted=True) for c in (
+                *(f"_k{i}" for i in range(len(keys))), "_m", "_v")])
+            first.set("from_", exp.From(this=exp.Subquery(
+                this=grouped, alias=exp.TableAlias(this=exp.to_identifier("_t")))))
+            grouped = first.where(exp.EQ(this=exp.column("_rn", quoted=True),
+                                         expression=exp.Literal.number(1)))
+        else:
+            grouped.set("group", exp.Group(expressions=[k.copy() for k in inner_keys]))
+            grouped.set("expressions", [*keys, *_value_items(values)])
         node = self.query(grouped, ctes)
-        return Scalar(label, node, tuple(outer_keys)), _or_over_no_rows(label, values)
+        return Scalar(label, node, tuple(outer_keys)), _or_over_no_rows(
+            label, values, matched_only=bool(allowed))
 
     def correlated_by_rows(self, query: exp.Select, values: tuple[exp.Expression, ...],
                            inner: Scope, scope: Scope, label: str, ctes: dict[str, Node]
@@ -485,13 +538,14 @@ def _value_items(values: tuple[exp.Expression, ...]) -> list[exp.Expression]:
             *(exp.alias_(v.copy(), _value_name(i), quoted=True) for i, v in enumerate(values))]
 
 
-def _or_over_no_rows(label: str, values: tuple[exp.Expression, ...]
-                     ) -> tuple[exp.Expression, ...]:
-    """Each of the subquery's values, or (no group matched) its value over no rows."""
+def _or_over_no_rows(label: str, values: tuple[exp.Expression, ...],
+                     matched_only: bool = False) -> tuple[exp.Expression, ...]:
+    """Each of the subquery's values, or (no group matched) its value over no rows (NULL
+    if ``matched_only``: a subquery that has no row then)."""
     out = []
     for i, value in enumerate(values):
         column: exp.Expression = _column(label, _value_name(i))
-        empty = _over_no_rows(value)
+        empty = exp.Null() if matched_only else _over_no_rows(value)
         if not isinstance(empty, exp.Null):
             matched = _column(label, "_m")
             column = exp.Case(ifs=[exp.If(this=exp.Is(this=matched, expression=exp.Null()),
@@ -525,6 +579,30 @@ def _side(col: exp.Column, inner: Scope, outer: Scope, file) -> str:
         return "outer" if outer.lookup(col, file) is not None else "inner"
     except PlanError:
         return "outer"
+
+
+def for_existence(query: exp.Expression) -> exp.Expression:
+    """``query`` as ``EXISTS`` reads it: whether it has a row does not depend on its
+    DISTINCT, a LIMIT above 0 with its ORDER BY, or a GROUP BY without HAVING (then read as
+    its rows)."""
+    if not isinstance(query, exp.Select):
+        return query
+    query = query.copy()
+    query.set("distinct", None)
+    if (_limit(query) or 0) > 0:
+        query.set("order", None)
+        query.set("limit", None)
+    if query.args.get("group") is not None and query.args.get("having") is None:
+        query.set("group", None)
+        query.set("expressions", [exp.Literal.number(1)])
+    return query
+
+
+def _limit(query: exp.Select) -> int | None:
+    """The number ``query``'s LIMIT writes, if it writes one."""
+    limit = query.args.get("limit")
+    n = limit.expression if isinstance(limit, exp.Limit) else None
+    return int(n.this) if isinstance(n, exp.Literal) and n.is_int else None
 
 
 def _at_most_one_row(node: Node) -> bool:
