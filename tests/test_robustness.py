@@ -433,6 +433,7 @@ def test_a_table_that_fails_stops_only_the_tables_that_read_it(spark, tmp_path, 
     text = str(failed.value)
     assert "streaming table 'per_k' failed: ValueError: Casting field 'x' with null values " \
         "to non-nullable (in operator HashAggregate keys=[" in text, text
+    assert re.search(r"\(SQL at \S+\.sql:\d+:\d+\)\)", text), text  # where its SELECT is
     assert "streaming table 'histogram' was not run: it reads 'per_k', which failed" in text
     assert any("[per_k] failed; the run goes on with the tables that do not read it "
                "(not run: histogram)" in line for line in said), said
@@ -478,6 +479,7 @@ CREATE STREAMING TABLE few AS SELECT k, COUNT(*) AS n FROM src GROUP BY k;
     assert "streaming table 'pairs' failed" in text and "a cross join (no equality " \
         "between its inputs) would pair" in text and "more than 100" in text, text
     assert "in operator InnerJoin strategy=delta-rule keys=[0 = 0]" in text, text
+    assert "(SQL at sql/t.sql:3:33)" in text, text  # its SELECT
     assert "TooManyPairs" in text, text  # raised in a Spark task: the driver path left it
     check_tables(spark, tmp_path / "warehouse", (tmp_path / "sql" / "t.sql").read_text(),
                  {"src": src.relation()}, {"few": True}, 0)

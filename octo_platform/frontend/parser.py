@@ -54,6 +54,15 @@ class SqlFile:
                 return self.location(int(sub.meta["start"]))
         return self.location(fallback)
 
+    def select_location(self, select: exp.Select) -> Location:
+        """Where ``select`` is written: the SELECT keyword before the first position
+        sqlglot recorded in it."""
+        starts = [int(n.meta["start"]) for n in select.walk() if n.meta.get("start") is not None]
+        if not starts:
+            return self.location(0)
+        keywords = [m.start() for m in re.finditer(r"(?i)\bselect\b", self.text[:min(starts)])]
+        return self.location(keywords[-1] if keywords else min(starts))
+
     def call_location(self, call: exp.Func, fallback: int = 0) -> Location:
         """Where ``call`` is written: where sqlglot recorded it, else the name written
         before the ``(`` that precedes the first position it recorded inside (an

@@ -254,6 +254,19 @@ class QueryBinder(JoinBinding, SubqueryBinding, AggregateBinding, OrderBinding):
             node = _distinct(node)
         if limit is not None:
             node = self.order_limit(node, names, order, limit, order_cols, scope)
+        return self.located(node, select)
+
+    def located(self, node: Node, select: exp.Select) -> Node:
+        """``node`` with the nodes this SELECT made (those not marked yet: a subquery's
+        are) marked with where it is written (``Node.at``, which errors name)."""
+        loc = self.file.select_location(select)
+        at = f"{loc.file}:{loc.line}:{loc.col}"
+        todo = [node]
+        while todo:
+            n = todo.pop()
+            if not n.at:
+                object.__setattr__(n, "at", at)  # an annotation, not part of its value
+                todo.extend(n.inputs)
         return node
 
 

@@ -25,7 +25,14 @@ RULES: tuple[Rule, ...] = (bound_top_n, push_filters, join_conditions, prune_col
 
 
 def optimize(plan: Node, rules: tuple[Rule, ...] = RULES) -> Node:
-    """``plan`` rewritten by each of ``rules`` in turn."""
+    """``plan`` rewritten by each of ``rules`` in turn; a node a rule made is marked as
+    written where the node above it is (``Node.at``)."""
     for rule in rules:
         plan = rule(plan)
+    todo = [(plan, "")]
+    while todo:
+        node, above = todo.pop()
+        if not node.at and above:
+            object.__setattr__(node, "at", above)  # an annotation, as the binder's
+        todo.extend((child, node.at) for child in node.inputs)
     return plan

@@ -54,6 +54,9 @@ class Node:
     from the inputs."""
 
     columns: tuple[str, ...]
+    # where the SQL that made it is written (``file:line:col``: its SELECT), for errors;
+    # not part of the plan's meaning (nor of its fingerprint)
+    at: str = field(default="", compare=False, kw_only=True)
 
     @property
     def inputs(self) -> tuple[Node, ...]:

@@ -7,7 +7,7 @@ updating input) and names every state table. Pure data, deterministic ``explain`
 from __future__ import annotations
 
 import hashlib
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Literal
 
 from octo_platform.logical import plan as lp
@@ -38,6 +38,7 @@ class PNode:
     id: str
     columns: tuple[str, ...]
     mode: Mode
+    at: str = field(default="", compare=False, kw_only=True)  # its SQL: ``lp.Node.at``
 
     @property
     def inputs(self) -> tuple[PNode, ...]:
@@ -45,6 +46,10 @@ class PNode:
 
     def describe(self) -> str:
         raise NotImplementedError
+
+    def located(self) -> str:
+        """``describe()`` and where its SQL is written: what an error in it names."""
+        return self.describe() + (f" (SQL at {self.at})" if self.at else "")
 
     def state_tables(self) -> tuple[str, ...]:
         return ()
@@ -350,6 +355,10 @@ def lower(table: str, root: lp.Node, pk: tuple[str, ...] | None) -> PhysicalPlan
         return f"{kind}{counter['n']}"
 
     def go(node: lp.Node) -> PNode:
+        op = operator(node)
+        return replace(op, at=node.at) if node.at and not op.at else op
+
+    def operator(node: lp.Node) -> PNode:
         if isinstance(node, lp.Scan):
             return PSource(next_id("source"), node.columns, node.mode, name=node.name,
                            kind=node.kind)

@@ -351,7 +351,7 @@ def _key(src: PSource) -> str:
 def evaluate(node: Any, lc: LocalContext, tables: dict[str, pa.Table]) -> pa.Table:
     """The output Δ of ``node`` as Arrow (the driver-path twin of ``operators.evaluate``);
     an error carries the operator's name (``errors.in_operator``)."""
-    with in_operator(node.describe()):
+    with in_operator(node.located()):
         return _evaluate(node, lc, tables)
 
 

@@ -65,7 +65,7 @@ def evaluate(node: PNode, ctx: BatchContext) -> DataFrame:
     """The output Δ of ``node`` for this batch: its columns plus the weight column; an error
     in planning it carries the operator's name (``errors.in_operator``; the tasks' errors
     carry it too: ``tasks.run_group``)."""
-    with in_operator(node.describe()):
+    with in_operator(node.located()):
         return _evaluate(node, ctx)
 
 

@@ -108,7 +108,7 @@ def run_aggregate(node: PAggregate, ctx: BatchContext, delta: DataFrame) -> Data
         visited.add(0)  # over no input rows
     rows = visits(rows, WEIGHT, visited)
     out = grouped(ctx, rows).applyInArrow(
-        functools.partial(run_group, task, node.describe()), schema)
+        functools.partial(run_group, task, node.located()), schema)
     if sink is None:
         out = ctx.checkpoint(out)
     else:  # the tasks wrote the table: no output Δ to compute here, and the write job's

@@ -97,7 +97,7 @@ def run_join(node: PJoin, ctx: BatchContext, ldelta: DataFrame, rdelta: DataFram
     sides[0] = visits(sides[0], COUNT, {*due[0], *due[1]})
     by_bucket = [grouped(ctx, side) for side in sides]
     out = ctx.checkpoint(by_bucket[0].cogroup(by_bucket[1]).applyInArrow(
-        functools.partial(run_cogroup, task, node.describe()), schema))
+        functools.partial(run_cogroup, task, node.located()), schema))
     rows = stage_logs(ctx, out, tables, due, files)
     if node.residual and node.kind not in ("semi", "anti"):
         rows = rows.filter(node.residual)

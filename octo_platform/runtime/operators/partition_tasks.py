@@ -67,7 +67,7 @@ def run_partitioned(node: PTopN | PSession | POver, ctx: BatchContext, delta: Da
                           ctx.watermark)
     rows = rows.selectExpr("*", f"{bucket_sql(node.partition, ctx.buckets)} AS {BUCKET}")
     out = ctx.checkpoint(grouped(ctx, rows).applyInArrow(
-        functools.partial(run_group, task, node.describe()), schema))
+        functools.partial(run_group, task, node.located()), schema))
     ctx.writes.append(StagedWrite(node.id, out, None, bucketed=True,
                                   written=files.committed(), pick=(f"{PART} = 1", "f"),
                                   replace_reported=True))
