@@ -9,7 +9,7 @@ from sqlglot import exp
 from octo_platform.errors import PlanError
 from octo_platform.frontend.ordering import SUPPORTED_AGGS
 from octo_platform.frontend.scope import Scope
-from octo_platform.frontend.subqueries import Scalar, is_predicate_subquery
+from octo_platform.frontend.subqueries import Scalar, after_group, is_predicate_subquery
 from octo_platform.frontend.shapes import function_name
 from octo_platform.logical.plan import (
     CROSS_KEY,
@@ -129,18 +129,9 @@ class AggregateBinding:
         enclosing SELECT reads them, HAVING as its WHERE, so those subqueries are bound as
         in any WHERE and SELECT (a correlated one there reads the GROUP BY columns as the
         derived table's). None when there is no such subquery."""
-        def after(n: exp.Expression) -> bool:
-            if n.find_ancestor(exp.Select) is not select or not is_predicate_subquery(n):
-                return False
-            top = n
-            while top.parent is not select:
-                top = top.parent
-            agg = n.find_ancestor(exp.AggFunc)
-            return top.arg_key == "having" or top.arg_key == "expressions" and (
-                agg is None or agg.find_ancestor(exp.Select) is not select)
-
         items = select.expressions
-        if not any(after(n) for n in select.walk()) or any(
+        if not any(n.find_ancestor(exp.Select) is select and is_predicate_subquery(n)
+                   and after_group(n, select) for n in select.walk()) or any(
                 isinstance(i, exp.Star) or isinstance(i, exp.Column)
                 and isinstance(i.this, exp.Star) for i in items):
             return None

@@ -39,7 +39,7 @@ from octo_platform.logical.plan import (
 )
 from octo_platform.sqltext import quote, rename_columns
 
-__all__ = ["SubqueryBinding", "Scalar", "for_existence", "is_predicate_subquery"]
+__all__ = ["SubqueryBinding", "Scalar", "after_group", "for_existence", "is_predicate_subquery"]
 
 WHERE_TO_WRITE = ("write it as a join with a GROUP BY subquery (FROM t JOIN (SELECT k, "
                   "agg(...) AS v FROM u GROUP BY k) s ON s.k = t.k)")
@@ -75,9 +75,7 @@ class SubqueryBinding:
             if where not in ("expressions", "where", "having"):
                 raise self.error("a scalar subquery is supported in SELECT, WHERE and HAVING",
                                  sub)
-            after = is_agg and where != "where" and (
-                where == "having" or sub.find_ancestor(exp.AggFunc) is None
-                or sub.find_ancestor(exp.AggFunc).find_ancestor(exp.Select) is not select)
+            after = is_agg and after_group(sub, select)
             self.subqueries += 1
             label = f"_sq{self.subqueries}"
             scalar, value = self.scalar(sub, scope, label, ctes)
@@ -561,6 +559,15 @@ def _is_scalar(sub: exp.Subquery, select: exp.Select) -> bool:
             and not isinstance(sub.parent, (exp.From, exp.Join, exp.Union, exp.Except,
                                             exp.Intersect, exp.In, exp.Exists, exp.Any,
                                             exp.All)))
+
+
+def after_group(node: exp.Expression, select: exp.Select) -> bool:
+    """Whether ``node`` (of ``select``, an aggregate query) is read after its GROUP BY: in
+    HAVING, or in the select list outside ``select``'s aggregates."""
+    clause = _clause(node, select)
+    agg = node.find_ancestor(exp.AggFunc)
+    return clause == "having" or clause == "expressions" and (
+        agg is None or agg.find_ancestor(exp.Select) is not select)
 
 
 def _clause(node: exp.Expression, select: exp.Select) -> str | None:
